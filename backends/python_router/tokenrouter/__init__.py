@@ -1,0 +1,1 @@
+"""TokenRouter runtime library: engines, subservers, policies (importable without Triton)."""

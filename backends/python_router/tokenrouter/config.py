@@ -1,0 +1,200 @@
+"""The one YAML config: models, engine settings, policy, delayed-batching thresholds, strategy.
+
+Validated with pydantic so that every error names the field and what is allowed. Model order
+in ``models`` is the model index used everywhere (attribution, routing matrices).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+STRATEGIES = ("tokenrouter", "eager_async", "step_sync", "model_sync")
+ENGINE_KINDS = ("torch", "simulated", "tensorrt_llm")
+
+Threshold = Union[int, list[int], Literal["auto"]]
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the field and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSpec(_Strict):
+    """One subserver: its engine and its batching knobs."""
+
+    path: str | None = Field(None, description="HF safetensors directory or a .gguf file (torch engine)")
+    engine: Literal["torch", "simulated", "tensorrt_llm"] = "torch"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
+    threads: int | None = Field(None, ge=1, description="intra-op threads for this engine; default: torch's")
+    block_size: int = Field(16, ge=1, le=1024)
+    kv_cache_tokens: int = Field(16384, ge=16, description="KV pool capacity in tokens")
+    max_batch_size: int = Field(16, ge=1)
+    max_prefill_tokens: int = Field(4096, ge=1, description="prefill/extend tokens per step")
+    batch_threshold: Threshold = Field(
+        1, description="delayed batching B: an int, a list indexed by active count N (N=1 first), or auto"
+    )
+    profile: dict[str, Any] | str | None = Field(None, description="simulated engine: step-latency profile")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if value in ("cpu", "cuda", "auto") or (value.startswith("cuda:") and value[5:].isdigit()):
+            return value
+        raise ValueError(f"'{value}' is not a device; allowed: cpu, cuda, cuda:N, auto")
+
+    @field_validator("batch_threshold")
+    @classmethod
+    def _threshold(cls, value: Threshold) -> Threshold:
+        values = [value] if isinstance(value, int) else value if isinstance(value, list) else []
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty list; give at least the threshold for N=1")
+        if any(b < 1 for b in values):
+            raise ValueError(f"thresholds must be >= 1, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _needs_path(self) -> "ModelSpec":
+        if self.engine in ("torch", "tensorrt_llm") and not self.path:
+            raise ValueError(f"engine '{self.engine}' needs 'path' (an HF directory or a .gguf file)")
+        if self.engine == "simulated" and self.profile is None:
+            raise ValueError("engine 'simulated' needs 'profile' (a profile name or a dict)")
+        return self
+
+    def threshold_at(self, active: int) -> int | None:
+        """B for ``active`` concurrent requests; None when the threshold is 'auto'."""
+        if self.batch_threshold == "auto":
+            return None
+        if isinstance(self.batch_threshold, int):
+            return self.batch_threshold
+        return self.batch_threshold[min(active, len(self.batch_threshold)) - 1]
+
+
+class PolicySpec(_Strict):
+    """The routing policy carried by the router model."""
+
+    name: str = "slm_only"
+    params: dict[str, Any] = Field(default_factory=dict)
+    weights: str | None = Field(None, description="directory or file with the policy's trained weights")
+
+
+class SchedulingSpec(_Strict):
+    strategy: Literal["tokenrouter", "eager_async", "step_sync", "model_sync"] = "tokenrouter"
+    max_wait_ms: float = Field(
+        20.0, ge=0, description="longest a runnable request waits for its batch threshold (no starvation)"
+    )
+    max_active: int = Field(16, ge=1, description="most requests active at once (N); more wait in the queue")
+
+
+class TokenRouterConfig(_Strict):
+    models: dict[str, ModelSpec]
+    entry: str | None = Field(None, description="model that admits requests; default: the first model")
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    tokenizer: str | None = Field(None, description="tokenizer directory or .gguf; default: the entry model's path")
+    chat_template: bool = Field(False, description="wrap prompts in the tokenizer's chat template")
+    max_model_len: int | None = Field(None, ge=2, description="prompt + output cap; default: smallest model limit")
+
+    @field_validator("models")
+    @classmethod
+    def _at_least_two(cls, value: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
+        if len(value) < 2:
+            raise ValueError(f"token-level routing needs at least 2 models, got {len(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "TokenRouterConfig":
+        names = list(self.models)
+        if self.entry is None:
+            self.entry = names[0]
+        elif self.entry not in self.models:
+            raise ValueError(f"entry: '{self.entry}' is not a model; allowed: {', '.join(names)}")
+        if self.scheduling.strategy == "tokenrouter":
+            check_thresholds(self.models, self.scheduling.max_active)
+        return self
+
+    @property
+    def model_names(self) -> list[str]:
+        return list(self.models)
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        return self.tokenizer or self.models[self.entry].path
+
+    def thresholds_at(self, active: int) -> dict[str, int | None]:
+        return {name: spec.threshold_at(active) for name, spec in self.models.items()}
+
+
+def check_thresholds(models: dict[str, ModelSpec], max_active: int) -> None:
+    """Reject thresholds that can deadlock: need sum(B_i - 1) < N for every N up to max_active.
+
+    With sum(B_i - 1) >= N every model may hold fewer requests than its threshold while all N
+    requests wait, and no batch ever starts.
+    """
+    for active in range(1, max_active + 1):
+        fixed = {name: spec.threshold_at(active) for name, spec in models.items()}
+        if any(b is None for b in fixed.values()):
+            continue  # 'auto' picks thresholds under the same constraint at run time
+        slack = sum(b - 1 for b in fixed.values())
+        if slack >= active:
+            raise ValueError(
+                f"batch_threshold can deadlock at N={active} active requests: "
+                f"sum(B_i - 1) = {slack} >= N with B = {fixed}; "
+                f"give a list indexed by N (e.g. [1, 2, 2, 3]) so that sum(B_i - 1) < N for every N "
+                f"up to scheduling.max_active={max_active}"
+            )
+
+
+def _resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Relative model/tokenizer/weights paths are relative to the config file's folder."""
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            return str((base / value).resolve())
+        return value
+
+    raw = copy.deepcopy(raw)
+    for spec in (raw.get("models") or {}).values():
+        if isinstance(spec, dict) and "path" in spec:
+            spec["path"] = fix(spec["path"])
+    if "tokenizer" in raw:
+        raw["tokenizer"] = fix(raw["tokenizer"])
+    policy = raw.get("policy")
+    if isinstance(policy, dict) and policy.get("weights"):
+        policy["weights"] = fix(policy["weights"])
+    return raw
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for item in err.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "config"
+        lines.append(f"{where}: {item['msg']}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def load_config(source: str | Path | dict[str, Any] | TokenRouterConfig) -> TokenRouterConfig:
+    """Load and validate a config from a YAML path, a dict or an existing config."""
+    if isinstance(source, TokenRouterConfig):
+        return source
+    if isinstance(source, dict):
+        raw, base = source, Path.cwd()
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        raw, base = yaml.safe_load(path.read_text()) or {}, path.parent
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+    try:
+        return TokenRouterConfig.model_validate(_resolve_paths(raw, base))
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err)) from None

@@ -1,0 +1,1 @@
+"""Step-level engines: the contract, the PyTorch engine, the simulated engine."""

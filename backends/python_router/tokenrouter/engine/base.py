@@ -1,0 +1,153 @@
+"""The step-level engine contract that every subserver drives.
+
+An engine owns one model and its paged KV pool. The scheduler decides *which* sequences run in a
+step; the engine only appends tokens to sequences and returns next-token signals. A sequence that
+is not in a step keeps its KV blocks untouched for as long as it lives (that is what makes a
+routed-away request "pending" for free).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+import torch
+
+SeqId = Hashable
+
+
+class KVCacheExhausted(RuntimeError):
+    """The pool cannot hold the tokens a step asked for. Raised before any state is touched."""
+
+
+class UnknownSequence(KeyError):
+    """A step or query named a sequence the engine does not hold."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. temperature == 0 means greedy (top_p/top_k are then ignored).
+
+    Sampling is reproducible: the random draw for the token at context position p depends only
+    on (seed, p), never on batch composition or on how many draws happened before.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One sequence in a step: append ``new_tokens`` to its context, then predict the next token.
+
+    A prefill passes the whole prompt, a decode one token, an extend the k tokens another model
+    produced since this model last saw the sequence.
+    """
+
+    seq_id: SeqId
+    new_tokens: Sequence[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class StepResult:
+    """Per-row outputs of one step, in the order of the rows given to ``Engine.step``.
+
+    ``logits`` are float32 next-token logits at each row's last position. ``hidden`` is the final
+    (post-norm) hidden state at that position, present when the step asked for it. ``topk_*`` hold
+    the top-k logits when asked (k = ``top_logits`` of the step call).
+    """
+
+    seq_ids: list[SeqId]
+    sampled: torch.Tensor  # int64 [B]
+    logits: torch.Tensor  # float32 [B, V]
+    positions: torch.Tensor  # int64 [B]: context position of the sampled token (= new cached length)
+    hidden: torch.Tensor | None = None  # [B, H]
+    topk_values: torch.Tensor | None = None  # float32 [B, k]
+    topk_indices: torch.Tensor | None = None  # int64 [B, k]
+
+
+class Engine(abc.ABC):
+    """A model with a paged KV pool, stepped by one thread at a time."""
+
+    name: str
+
+    # --- shape facts the runtime and admission control need -----------------------------------
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def hidden_size(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    @abc.abstractmethod
+    def max_model_len(self) -> int: ...
+
+    # --- KV pool ------------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def block_size(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def num_total_blocks(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def num_free_blocks(self) -> int: ...
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_total_blocks - self.num_free_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks a sequence of ``num_tokens`` tokens occupies."""
+        return -(-num_tokens // self.block_size)
+
+    def can_fit(self, num_tokens: int) -> bool:
+        """Whether a new sequence of ``num_tokens`` tokens fits in the free blocks now."""
+        return num_tokens <= self.max_model_len and self.blocks_for(num_tokens) <= self.num_free_blocks
+
+    # --- sequences ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def add_sequence(self, seq_id: SeqId) -> None:
+        """Register an empty sequence (no blocks yet). Its first step is its prefill."""
+
+    @abc.abstractmethod
+    def has_sequence(self, seq_id: SeqId) -> bool: ...
+
+    @abc.abstractmethod
+    def num_cached(self, seq_id: SeqId) -> int:
+        """Tokens of the sequence whose KV is in the pool."""
+
+    @abc.abstractmethod
+    def sequence_ids(self) -> list[SeqId]: ...
+
+    @abc.abstractmethod
+    def release(self, seq_id: SeqId) -> bool:
+        """Free the sequence's blocks. Returns False when it was not held (idempotent)."""
+
+    @abc.abstractmethod
+    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
+        """Append each row's tokens, run one forward pass over the batch, sample each row.
+
+        Rows may mix prefill, decode and extend. Raises ``KVCacheExhausted`` (nothing changed)
+        when the pool cannot hold the new tokens, ``UnknownSequence`` for an unregistered id,
+        ``ValueError`` for an empty row or a duplicate id.
+        """
+
+    def close(self) -> None:
+        """Free model memory. Default: nothing to do."""

@@ -1,0 +1,1 @@
+"""Engine recipes and build/convert tools (real model pair installer, tiny test model pairs)."""

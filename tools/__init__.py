@@ -1,0 +1,1 @@
+"""Operator tools: the `tokenrouter` command, serve launcher, repository builder, benchmarks."""
