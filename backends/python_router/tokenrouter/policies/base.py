@@ -1,0 +1,157 @@
+"""The routing policy API, written from the point of view of one request (TokenRouter's three functions).
+
+A policy never touches the scheduler, the KV pool or the transport. After every engine step the
+subserver calls ``route`` on the whole batch; for each request routed away it calls ``send`` to
+build the message; the receiving subserver calls ``receive`` to decide which tokens to commit.
+
+    route(batch, out)       -> one destination model name per row (the current model = keep decoding)
+    send(request, peer)     -> PeerMessage (``request.message_to(peer, keep_sampled=...)``)
+    receive(request, msg)   -> the tokens of ``msg`` to commit (default: all of them)
+
+The token sampled in this step (``request.sampled_token``) is not committed yet when ``route``
+runs: if the request stays it is committed; if it leaves, ``send`` decides whether it travels
+(kept) or is dropped so the peer regenerates that position. A policy may overwrite
+``out.sampled[i]`` in ``route`` (an ensemble samples from its own mixture).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+from ..engine.base import SamplingParams, StepResult
+from ..runtime.messages import PeerMessage, RequestSpec
+
+StepOutput = StepResult
+
+
+class PolicyError(ValueError):
+    """A policy name or parameter that cannot work; the message says what is allowed."""
+
+
+@dataclass
+class RequestView:
+    """What a policy sees of one request on the model that holds it."""
+
+    rid: str
+    model: str  # the model holding the request now
+    model_index: int  # its position in the config's model list (used for attribution)
+    token_ids: list[int]  # committed context: prompt + committed output tokens
+    prompt_len: int
+    origins: list[int]  # model index that produced each committed output token
+    spec: RequestSpec
+    state: dict[str, Any] = field(default_factory=dict)  # policy-owned; travels with the request
+    known: dict[str, int] = field(default_factory=dict)  # tokens each peer has seen (its anchor)
+    sampled_token: int | None = None  # sampled in this step at ``model``; not committed yet
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.spec.temperature, self.spec.top_p, self.spec.top_k, self.spec.seed)
+
+    def message_to(self, peer: str, *, keep_sampled: bool = True, state: dict[str, Any] | None = None) -> PeerMessage:
+        """The handoff to ``peer``: every committed token ``peer`` has not seen, plus the sampled
+        token when ``keep_sampled`` (then it is committed here, attributed to this model)."""
+        tokens = list(self.token_ids)
+        origins = [-1] * self.prompt_len + list(self.origins)
+        if keep_sampled and self.sampled_token is not None:
+            tokens.append(self.sampled_token)
+            origins.append(self.model_index)
+        anchor = self.known.get(peer, 0)
+        return PeerMessage(
+            kind="handoff",
+            rid=self.rid,
+            sender=self.model,
+            anchor=anchor,
+            tokens=tokens[anchor:],
+            origins=origins[anchor:],
+            request=self.spec if anchor == 0 else None,
+            state=dict(self.state if state is None else state),
+        )
+
+
+class RoutingPolicy:
+    """Base class: stays on the current model forever. Subclasses override what they need."""
+
+    name: ClassVar[str] = ""
+    #: ask the engine for the last hidden state at every step (router networks need it)
+    needs_hidden: ClassVar[bool] = False
+    #: ask the engine for the top-k logits at every step (0 = no)
+    top_logits: ClassVar[int] = 0
+
+    def __init__(self, models: Sequence[str], entry: str, params: dict[str, Any] | None = None,
+                 weights: str | Path | None = None) -> None:
+        self.models = list(models)
+        self.entry = entry
+        self.params = dict(params or {})
+        self.weights = Path(weights) if weights else None
+        if entry not in self.models:
+            raise PolicyError(f"entry model '{entry}' is not one of {self.models}")
+
+    # Conventional roles for two-model algorithms: the entry is the small model, the next one large.
+    @property
+    def small(self) -> str:
+        return self.entry
+
+    @property
+    def large(self) -> str:
+        return next(m for m in self.models if m != self.entry)
+
+    def index(self, model: str) -> int:
+        return self.models.index(model)
+
+    def param(self, key: str, default: Any, kind: type = float) -> Any:
+        """A parameter from config, converted to ``kind``; a clear error when it cannot be."""
+        value = self.params.get(key, default)
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            raise PolicyError(f"policy '{self.name}': parameter '{key}' must be {kind.__name__}, got {value!r}") from None
+
+    # --- the three functions ------------------------------------------------------------------
+    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
+        return [request.model for request in batch]
+
+    def send(self, request: RequestView, peer: str) -> PeerMessage:
+        return request.message_to(peer, keep_sampled=True)
+
+    def receive(self, request: RequestView, message: PeerMessage) -> list[int]:
+        return list(message.tokens)
+
+
+_REGISTRY: dict[str, type[RoutingPolicy]] = {}
+
+
+def register_policy(cls: type[RoutingPolicy]) -> type[RoutingPolicy]:
+    """Class decorator: make a policy selectable by ``policy.name`` in config."""
+    if not cls.name:
+        raise PolicyError(f"{cls.__name__} needs a 'name'")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise PolicyError(f"policy name '{cls.name}' is registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registered_policies() -> dict[str, type[RoutingPolicy]]:
+    from . import builtin  # noqa: F401  (importing registers the shipped policies)
+
+    return dict(_REGISTRY)
+
+
+def create_policy(name: str, models: Sequence[str], entry: str, params: dict[str, Any] | None = None,
+                  weights: str | Path | None = None) -> RoutingPolicy:
+    policies = registered_policies()
+    if name not in policies:
+        raise PolicyError(f"unknown policy '{name}'; allowed: {', '.join(sorted(policies))}")
+    return policies[name](models, entry, params, weights)
+
+
+def uniform(*key: Any) -> float:
+    """A deterministic number in [0, 1) from a key: decisions that do not depend on batching."""
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
