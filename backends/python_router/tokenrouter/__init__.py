@@ -1,1 +1,21 @@
-"""TokenRouter runtime library: engines, subservers, policies (importable without Triton)."""
+"""TokenRouter runtime library: engines, subservers, policies (importable without Triton).
+
+``TokenRoutingEngine`` is imported lazily so that light users (the Triton glue's argument
+parsing, the config validator) do not pay for importing torch and transformers.
+"""
+
+from typing import Any
+
+__all__ = ["TokenRoutingEngine", "GenerationResult", "load_config"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("TokenRoutingEngine", "GenerationResult", "GenerationChunk", "RequestHandle"):
+        from .runtime import api
+
+        return getattr(api, name)
+    if name == "load_config":
+        from .config import load_config
+
+        return load_config
+    raise AttributeError(name)

@@ -1,0 +1,246 @@
+"""The embedded Python API: every subserver in this process, joined by the in-process transport.
+
+    from tokenrouter import TokenRoutingEngine
+
+    with TokenRoutingEngine.from_config("configs/tiny.yaml") as engine:
+        for result in engine.generate(["def add(a, b):"], max_tokens=32):
+            print(result.text, result.large_model_share)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Sequence
+
+from ..config import TokenRouterConfig, load_config
+from ..engine.base import Engine
+from ..engine.factory import create_engine
+from ..text import TextCodec
+from .assembly import build_policy, build_subserver, effective_max_model_len, make_auto_thresholds
+from .messages import RequestSpec
+from .request import RequestError
+from .strategies import make_strategy
+from .subserver import Subserver
+from .transport import InProcessTransport
+
+Prompt = str | Sequence[int]
+
+
+class GenerationError(RuntimeError):
+    """A request ended with an error (its message says why)."""
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    models: list[str]  # the model that produced each output token
+    finish_reason: str
+    large_model_share: float  # share of output tokens produced by models other than the entry
+    text: str | None = None  # None when the engine has no tokenizer (token-id prompts)
+    error: str | None = None
+
+
+@dataclass
+class GenerationChunk:
+    token_ids: list[int]
+    models: list[str]
+    text: str | None
+    finish_reason: str | None = None
+
+
+class RequestHandle:
+    """One request's output as it arrives (a ClientSink fed by the entry's loop thread)."""
+
+    def __init__(self, rid: str, engine: "TokenRoutingEngine") -> None:
+        self.rid = rid
+        self._engine = engine
+        self.token_ids: list[int] = []
+        self.origins: list[int] = []
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self._done = threading.Event()
+        self._listeners: list[Any] = []
+        self._lock = threading.Lock()
+
+    # ClientSink
+    def on_tokens(self, tokens: list[int], origins: list[int]) -> None:
+        with self._lock:
+            self.token_ids.extend(tokens)
+            self.origins.extend(origins)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+
+    def on_finish(self, reason: str, error: str | None) -> None:
+        with self._lock:
+            self.finish_reason, self.error = reason, error
+            listeners = list(self._listeners)
+        self._done.set()
+        for listener in listeners:
+            listener()
+
+    def add_listener(self, listener) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        self._engine.cancel(self)
+
+    def wait(self, timeout: float | None = None) -> GenerationResult:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.rid} did not finish within {timeout} s")
+        return self._engine._result(self)
+
+
+class TokenRoutingEngine:
+    """All models of a config, served in this process."""
+
+    def __init__(self, config: TokenRouterConfig, engines: dict[str, Engine] | None = None,
+                 codec: TextCodec | None = None) -> None:
+        self.config = config
+        names = config.model_names
+        self.engines = engines or {name: create_engine(name, config.models[name]) for name in names}
+        if codec is None and config.tokenizer_path and config.models[config.entry].engine != "simulated":
+            codec = TextCodec.from_path(config.tokenizer_path, chat_template=config.chat_template)
+        self.codec = codec
+        self.max_model_len = effective_max_model_len(config, [e.max_model_len for e in self.engines.values()])
+        self.transport = InProcessTransport()
+        self.strategy = make_strategy(config.scheduling.strategy, len(names))
+        self.auto = make_auto_thresholds(config)
+        capacities = {name: (e.num_total_blocks, e.block_size) for name, e in self.engines.items()}
+        self.policy = build_policy(config)
+        self.subservers: dict[str, Subserver] = {}
+        for name in names:
+            server = build_subserver(config, name, self.engines[name], self.policy, self.transport, self.strategy,
+                                     max_model_len=self.max_model_len, auto=self.auto, capacities=capacities)
+            self.transport.connect(name, server.deliver)
+            self.subservers[name] = server
+        self.entry = self.subservers[config.entry]
+        self._ids = itertools.count()
+        self._closed = False
+        for server in self.subservers.values():
+            server.start()
+
+    @classmethod
+    def from_config(cls, source: str | Path | dict[str, Any] | TokenRouterConfig) -> "TokenRoutingEngine":
+        return cls(load_config(source))
+
+    # --- requests --------------------------------------------------------------------------------
+    def submit(self, prompt: Prompt, *, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, seed: int = 0, stop: Sequence[str] = ()) -> RequestHandle:
+        """Start one request; returns at once. Raises RequestError for bad input."""
+        if self._closed:
+            raise RuntimeError("the engine is shut down")
+        prompt_ids = self._encode(prompt)
+        end_ids = self.codec.end_ids(self.engines[self.config.entry].eos_token_ids) if self.codec \
+            else sorted(self.engines[self.config.entry].eos_token_ids)
+        spec = RequestSpec(prompt_len=len(prompt_ids), max_tokens=int(max_tokens), temperature=float(temperature),
+                           top_p=float(top_p), top_k=int(top_k), seed=int(seed), end_ids=end_ids,
+                           stop_sequences=self.codec.stop_sequences(stop) if (self.codec and stop) else [])
+        handle = RequestHandle(f"req-{next(self._ids)}", self)
+        self.entry.submit(handle.rid, prompt_ids, spec, handle)
+        return handle
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], *, max_tokens: int = 128, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int | Sequence[int] = 0, stop: Sequence[str] = (),
+                 timeout: float | None = None) -> list[GenerationResult]:
+        """Generate for every prompt concurrently; a request that fails has finish_reason 'error'."""
+        batch = [prompts] if _is_single(prompts) else list(prompts)
+        seeds = [seed] * len(batch) if isinstance(seed, int) else list(seed)
+        if len(seeds) != len(batch):
+            raise ValueError(f"got {len(seeds)} seeds for {len(batch)} prompts")
+        handles = [self.submit(p, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                               seed=s, stop=stop) for p, s in zip(batch, seeds)]
+        return [handle.wait(timeout) for handle in handles]
+
+    async def stream(self, prompt: Prompt, **kwargs: Any) -> AsyncIterator[GenerationChunk]:
+        """Yield chunks as tokens are committed; cancelling the consumer cancels the request."""
+        loop = asyncio.get_running_loop()
+        wakeup = asyncio.Event()
+        handle = self.submit(prompt, **kwargs)
+        handle.add_listener(lambda: loop.call_soon_threadsafe(wakeup.set))
+        wakeup.set()  # tokens may have arrived before the listener was added
+        sent, text_sent = 0, ""
+        try:
+            while True:
+                await wakeup.wait()
+                wakeup.clear()
+                finished = handle.done
+                tokens, origins = handle.token_ids[:], handle.origins[:]
+                if len(tokens) > sent or finished:
+                    text = self.codec.stable_text(tokens, finished) if self.codec else None
+                    yield GenerationChunk(tokens[sent:], self._names(origins[sent:]),
+                                          None if text is None else text[len(text_sent):],
+                                          handle.finish_reason if finished else None)
+                    sent, text_sent = len(tokens), text or ""
+                if finished:
+                    if handle.finish_reason == "error":
+                        raise GenerationError(handle.error)
+                    return
+        finally:
+            if not handle.done:
+                self.cancel(handle)
+
+    def cancel(self, handle: RequestHandle) -> None:
+        self.entry.cancel(handle.rid)
+
+    # --- introspection ---------------------------------------------------------------------------
+    def kv_blocks_used(self) -> dict[str, int]:
+        return {name: engine.num_used_blocks for name, engine in self.engines.items()}
+
+    def held_requests(self) -> dict[str, int]:
+        """Requests each subserver still tracks (running or pending)."""
+        return {name: len(server.requests) for name, server in self.subservers.items()}
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for server in self.subservers.values():
+            server.stop()
+        self.transport.close()
+        if self.auto is not None:
+            self.auto.close()
+        for engine in self.engines.values():
+            engine.close()
+
+    def __enter__(self) -> "TokenRoutingEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.codec is None:
+                raise RequestError("this engine has no tokenizer: pass token ids")
+            if not prompt:
+                raise RequestError("the prompt is empty")
+            return self.codec.encode_prompt(prompt)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise RequestError("a prompt must be a string or a sequence of int token ids")
+        return list(prompt)
+
+    def _names(self, origins: Sequence[int]) -> list[str]:
+        return [self.config.model_names[o] for o in origins]
+
+    def _result(self, handle: RequestHandle) -> GenerationResult:
+        models = self._names(handle.origins)
+        share = sum(1 for m in models if m != self.config.entry) / len(models) if models else 0.0
+        text = self.codec.decode(handle.token_ids) if self.codec else None
+        return GenerationResult(handle.token_ids[:], models, handle.finish_reason or "error", share, text,
+                                handle.error)
+
+
+def _is_single(prompts: Prompt | Sequence[Prompt]) -> bool:
+    return isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))

@@ -1,0 +1,68 @@
+"""Turn a validated config into subservers. Shared by the embedded API (all models in one process)
+and the Triton backend (one model per stub process), so both run the same runtime."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..config import ModelSpec, TokenRouterConfig
+from ..engine.base import Engine
+from ..policies.base import RoutingPolicy, create_policy
+from .strategies import Strategy
+from .subserver import Limits, Subserver
+from .transport import Transport
+
+
+def build_policy(config: TokenRouterConfig) -> RoutingPolicy:
+    return create_policy(config.policy.name, config.model_names, config.entry, config.policy.params,
+                         config.policy.weights)
+
+
+def kv_capacity(spec: ModelSpec) -> tuple[int, int]:
+    """(blocks, block size) a model's pool holds, as the engine builds it from its spec."""
+    return spec.kv_cache_tokens // spec.block_size, spec.block_size
+
+
+def threshold_function(config: TokenRouterConfig, name: str, auto=None) -> Callable[[int], int]:
+    """B for model ``name`` as a function of the active count N."""
+    spec = config.models[name]
+    if spec.batch_threshold != "auto":
+        return spec.threshold_at
+    if auto is None:
+        raise ValueError(f"models.{name}.batch_threshold is 'auto' but no online estimator was given")
+    index = config.model_names.index(name)
+    return lambda active: auto.thresholds(active)[index]
+
+
+def effective_max_model_len(config: TokenRouterConfig, engine_limits: list[int]) -> int:
+    limits = list(engine_limits) + ([config.max_model_len] if config.max_model_len else [])
+    return min(limits)
+
+
+def build_subserver(config: TokenRouterConfig, name: str, engine: Engine, policy: RoutingPolicy,
+                    transport: Transport, strategy: Strategy, *, max_model_len: int, auto=None,
+                    capacities: dict[str, tuple[int, int]] | None = None) -> Subserver:
+    spec = config.models[name]
+    limits = Limits(max_model_len=max_model_len, max_batch_size=spec.max_batch_size,
+                    max_prefill_tokens=spec.max_prefill_tokens, max_wait_s=config.scheduling.max_wait_ms / 1000,
+                    max_active=config.scheduling.max_active)
+    on_step = None
+    if auto is not None:
+        def on_step(server: Subserver, destinations: list[str], committed: list[int], latency_s: float) -> None:
+            auto.observe_step(server.index, len(destinations), latency_s)
+            routed = [(server.models.index(d), c) for d, c in zip(destinations, committed) if d in server.models]
+            auto.observe_routes(server.index, [d for d, _ in routed], [c for _, c in routed])
+    return Subserver(name, config.model_names, config.entry, engine, policy, transport, strategy, limits,
+                     threshold=threshold_function(config, name, auto),
+                     capacities=capacities if name == config.entry else None, on_step=on_step)
+
+
+def make_auto_thresholds(config: TokenRouterConfig):
+    """The online B* estimator when any model asks for 'auto' (and the strategy uses thresholds)."""
+    if config.scheduling.strategy != "tokenrouter":
+        return None
+    if not any(spec.batch_threshold == "auto" for spec in config.models.values()):
+        return None
+    from ..throughput.online import AutoThresholds
+
+    return AutoThresholds(config.model_names, config.scheduling.max_active)

@@ -1,0 +1,97 @@
+"""A request as one subserver sees it, and the client-facing pieces of a request."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..policies.base import RequestView
+from .messages import RequestSpec
+
+FINISH_REASONS = ("eos", "stop", "length", "cancelled", "error")
+
+
+class RequestError(ValueError):
+    """Bad input on one request (empty prompt, too long, bad sampling values); others go on."""
+
+
+@dataclass
+class RequestState(RequestView):
+    """Per-model record. ``here`` is True while this model holds the request (runnable);
+    False while it is pending elsewhere, with its KV kept in this model's pool."""
+
+    here: bool = False
+    ready_since: float = field(default_factory=time.monotonic)  # when it last became runnable here
+
+    def commit(self, tokens: list[int], origins: list[int]) -> None:
+        self.token_ids.extend(tokens)
+        self.origins.extend(origins)
+
+    def apply_suffix(self, anchor: int, tokens: list[int], origins: list[int]) -> int:
+        """Make the context ``context[:anchor] + tokens`` (a peer's newer view); returns how many
+        tokens it grew by. ``origins`` is aligned with ``tokens`` (-1 for prompt positions)."""
+        old_len = len(self.token_ids)
+        if anchor > old_len:
+            raise ValueError(f"request {self.rid}: anchor {anchor} is past the known context ({old_len})")
+        self.token_ids[anchor:] = tokens
+        generated = [origin for k, origin in enumerate(origins) if anchor + k >= self.prompt_len]
+        self.origins[max(0, anchor - self.prompt_len):] = generated
+        return len(self.token_ids) - old_len
+
+    def finish_reason(self, max_model_len: int) -> str | None:
+        """Why the request is done after its last commit, or None to go on."""
+        spec = self.spec
+        generated = self.num_generated
+        if generated > 0:
+            last = self.token_ids[-1]
+            if last in spec.end_ids:
+                return "eos"
+            for stop in spec.stop_sequences:
+                if stop and generated >= len(stop) and self.token_ids[-len(stop):] == stop:
+                    return "stop"
+        if generated >= spec.max_tokens or len(self.token_ids) >= max_model_len:
+            return "length"
+        return None
+
+
+class ClientSink(Protocol):
+    """Receives one request's output on the entry model's loop thread; must not block."""
+
+    def on_tokens(self, tokens: list[int], origins: list[int]) -> None: ...
+
+    def on_finish(self, reason: str, error: str | None) -> None: ...
+
+
+@dataclass
+class Submission:
+    """A client request on its way into the entry subserver."""
+
+    rid: str
+    prompt_ids: list[int]
+    spec: RequestSpec
+    sink: ClientSink
+    submitted_at: float = field(default_factory=time.monotonic)
+
+
+def validate_submission(prompt_ids: list[int], spec: RequestSpec, *, max_model_len: int, vocab_size: int) -> None:
+    """Raise RequestError naming what is wrong with a request before it takes any resource."""
+    if not prompt_ids:
+        raise RequestError("the prompt is empty")
+    if any(not 0 <= t < vocab_size for t in prompt_ids):
+        raise RequestError(f"prompt token ids must be in [0, {vocab_size})")
+    if spec.max_tokens < 1:
+        raise RequestError(f"max_tokens must be >= 1, got {spec.max_tokens}")
+    if len(prompt_ids) >= max_model_len:
+        raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the limit is {max_model_len - 1}")
+    if len(prompt_ids) + spec.max_tokens > max_model_len:
+        raise RequestError(
+            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({spec.max_tokens}) exceeds the context "
+            f"limit of {max_model_len}; lower max_tokens to at most {max_model_len - len(prompt_ids)}"
+        )
+    if spec.temperature < 0:
+        raise RequestError(f"temperature must be >= 0, got {spec.temperature}")
+    if not 0 < spec.top_p <= 1:
+        raise RequestError(f"top_p must be in (0, 1], got {spec.top_p}")
+    if spec.top_k < 0:
+        raise RequestError(f"top_k must be >= 0, got {spec.top_k}")

@@ -1,0 +1,37 @@
+"""How peer messages reach another subserver. One interface; the decoding loop never waits on it.
+
+In-process (embedded API): straight into the peer's inbox, through the same JSON encoding the
+Triton transports use, so policy state that would not survive a process boundary fails here too.
+Triton (BLS) and gRPC transports live in ``tokenrouter.serving``.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Callable
+
+from .messages import PeerMessage
+
+Deliver = Callable[[PeerMessage], None]
+
+
+class Transport(abc.ABC):
+    @abc.abstractmethod
+    def send(self, peer: str, message: PeerMessage) -> None:
+        """Queue ``message`` for ``peer``; must not block on the peer's compute."""
+
+    def close(self) -> None:
+        """Flush and stop background senders, if any."""
+
+
+class InProcessTransport(Transport):
+    def __init__(self) -> None:
+        self._inboxes: dict[str, Deliver] = {}
+
+    def connect(self, name: str, deliver: Deliver) -> None:
+        self._inboxes[name] = deliver
+
+    def send(self, peer: str, message: PeerMessage) -> None:
+        if peer not in self._inboxes:
+            raise KeyError(f"no subserver named '{peer}' (known: {', '.join(self._inboxes)})")
+        self._inboxes[peer](PeerMessage.from_json(message.to_json()))
