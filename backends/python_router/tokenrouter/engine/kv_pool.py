@@ -77,6 +77,19 @@ class BlockPool:
                 self._tables[seq_id].append(self._free.pop())
             self._lengths[seq_id] += count
 
+    def truncate(self, seq_id: Hashable, length: int) -> None:
+        """Shrink a sequence to its first ``length`` tokens and free the blocks it no longer needs.
+
+        The engine uses it to undo an ``append`` whose forward pass then failed.
+        """
+        if not 0 <= length <= self._lengths[self._check(seq_id)]:
+            raise ValueError(f"cannot truncate {seq_id!r} of length {self._lengths[seq_id]} to {length}")
+        table = self._tables[seq_id]
+        keep = -(-length // self.block_size)
+        self._free.extend(reversed(table[keep:]))
+        del table[keep:]
+        self._lengths[seq_id] = length
+
     def free(self, seq_id: Hashable) -> bool:
         table = self._tables.pop(seq_id, None)
         if table is None:

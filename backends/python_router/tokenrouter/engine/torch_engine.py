@@ -1,0 +1,200 @@
+"""The PyTorch engine: a transformers model whose attention reads and writes a paged KV pool.
+
+One ``step`` packs every row's new tokens (prefill, decode or extend alike) into one sequence,
+runs the decoder once, applies the LM head only at each row's last position and samples. A
+sequence that sits out steps keeps its blocks untouched, so resuming it costs only its new tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from ..config import ModelSpec
+from .base import Engine, SeqId, StepResult, StepRow, UnknownSequence
+from .kv_pool import BlockPool
+from .loader import load_causal_lm, resolve_device
+from .paged_attention import LAYOUT_KWARG, PagedKVCache, StepLayout
+from .sampling import sample_tokens
+
+
+class TorchEngine(Engine):
+    def __init__(self, name: str, model: PreTrainedModel, *, num_blocks: int, block_size: int,
+                 threads: int | None = None) -> None:
+        self.name = name
+        self.model = model
+        self.threads = threads
+        config = model.config
+        self._device = next(model.parameters()).device
+        self._dtype = next(model.parameters()).dtype
+        self._config = config
+        self._pool = BlockPool(num_blocks, block_size)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self._cache = PagedKVCache(config.num_hidden_layers, num_blocks * block_size, config.num_key_value_heads,
+                                   head_dim, self._dtype, self._device)
+        self._eos = _eos_ids(model)
+        # torch's intra-op thread count is per OS thread: set it once in each thread that steps us.
+        self._thread_state = threading.local()
+
+    @classmethod
+    def from_spec(cls, name: str, spec: ModelSpec) -> "TorchEngine":
+        if spec.path is None:
+            raise ValueError(f"model '{name}': the torch engine needs a path")
+        if spec.threads:
+            torch.set_num_threads(spec.threads)  # loading (GGUF dequantization) also benefits
+        model = load_causal_lm(spec.path, spec.dtype, resolve_device(spec.device))
+        num_blocks = max(1, spec.kv_cache_tokens // spec.block_size)
+        return cls(name, model, num_blocks=num_blocks, block_size=spec.block_size, threads=spec.threads)
+
+    # --- shape facts ----------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._config.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self._config.hidden_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos
+
+    @property
+    def max_model_len(self) -> int:
+        return self._config.max_position_embeddings
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    # --- KV pool --------------------------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return self._pool.block_size
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self._pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._pool.num_free
+
+    def blocks_needed(self, seq_id: SeqId, extra_tokens: int) -> int:
+        """New blocks that appending ``extra_tokens`` to a held sequence would take."""
+        return self._pool.blocks_needed(seq_id, extra_tokens)
+
+    def block_table(self, seq_id: SeqId) -> list[int]:
+        """A copy of the sequence's block ids, in context order (for tests and diagnostics)."""
+        return list(self._pool.block_table(seq_id))
+
+    # --- sequences ------------------------------------------------------------------------------
+    def add_sequence(self, seq_id: SeqId) -> None:
+        self._pool.add(seq_id)
+
+    def has_sequence(self, seq_id: SeqId) -> bool:
+        return seq_id in self._pool
+
+    def num_cached(self, seq_id: SeqId) -> int:
+        return self._pool.length(seq_id)
+
+    def sequence_ids(self) -> list[SeqId]:
+        return self._pool.sequence_ids()
+
+    def release(self, seq_id: SeqId) -> bool:
+        return self._pool.free(seq_id)
+
+    # --- the step -------------------------------------------------------------------------------
+    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
+        self._validate(rows, top_logits)
+        self._set_threads()
+        starts = [self._pool.length(row.seq_id) for row in rows]
+        self._pool.append({row.seq_id: len(row.new_tokens) for row in rows})  # all or nothing
+        try:
+            return self._forward(rows, starts, return_hidden, top_logits)
+        except BaseException:
+            # The forward failed after allocation: forget the new tokens (their slots may hold
+            # partial writes, but no cached position points at them any more).
+            for row, start in zip(rows, starts):
+                self._pool.truncate(row.seq_id, start)
+            raise
+
+    @torch.inference_mode()
+    def _forward(self, rows: Sequence[StepRow], starts: list[int], return_hidden: bool,
+                 top_logits: int) -> StepResult:
+        counts = [len(row.new_tokens) for row in rows]
+        layout = StepLayout.build(
+            self._cache, [self._pool.block_table(row.seq_id) for row in rows], starts, counts,
+            self._pool.block_size, self._device,
+        )
+        input_ids = torch.tensor([t for row in rows for t in row.new_tokens], dtype=torch.long, device=self._device)
+        out = self.model.model(
+            input_ids=input_ids[None], position_ids=layout.positions[None], use_cache=False,
+            **{LAYOUT_KWARG: layout},
+        )
+        hidden = out.last_hidden_state[0, layout.last_index]  # [R, H], post-norm
+        logits = self.model.lm_head(hidden).float()
+        positions = [start + count for start, count in zip(starts, counts)]
+        sampled = sample_tokens(logits, [row.sampling for row in rows], positions)
+        result = StepResult(
+            seq_ids=[row.seq_id for row in rows],
+            sampled=sampled.cpu(),
+            logits=logits.cpu(),
+            positions=torch.tensor(positions, dtype=torch.long),
+            hidden=hidden.cpu() if return_hidden else None,
+        )
+        if top_logits:
+            top = torch.topk(logits, top_logits, dim=-1)
+            result.topk_values, result.topk_indices = top.values.cpu(), top.indices.cpu()
+        return result
+
+    def _validate(self, rows: Sequence[StepRow], top_logits: int) -> None:
+        if not rows:
+            raise ValueError("a step needs at least one row")
+        if not 0 <= top_logits <= self.vocab_size:
+            raise ValueError(f"top_logits must be in [0, {self.vocab_size}], got {top_logits}")
+        seen: set[SeqId] = set()
+        for row in rows:
+            if row.seq_id in seen:
+                raise ValueError(f"sequence {row.seq_id!r} appears twice in one step")
+            seen.add(row.seq_id)
+            if row.seq_id not in self._pool:
+                raise UnknownSequence(row.seq_id)
+            if not row.new_tokens:
+                raise ValueError(f"sequence {row.seq_id!r}: a step row needs at least one new token")
+            bad = [t for t in row.new_tokens if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"sequence {row.seq_id!r}: token ids {bad[:5]} outside [0, {self.vocab_size})")
+            # Same limit as can_fit: the cached context may fill the model's whole position range.
+            if self._pool.length(row.seq_id) + len(row.new_tokens) > self.max_model_len:
+                raise ValueError(f"sequence {row.seq_id!r} would exceed max_model_len {self.max_model_len}")
+
+    def _set_threads(self) -> None:
+        if self.threads and not getattr(self._thread_state, "done", False):
+            torch.set_num_threads(self.threads)
+            self._thread_state.done = True
+
+    def close(self) -> None:
+        for seq_id in self._pool.sequence_ids():
+            self._pool.free(seq_id)
+        self._cache = None
+        self.model = None
+
+
+def _eos_ids(model: PreTrainedModel) -> frozenset[int]:
+    """EOS ids from generation_config and config (either may be an int, a list or missing)."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
