@@ -67,19 +67,15 @@ class RequestHandle:
         self._lock = threading.Lock()
 
     # ClientSink
-    def on_tokens(self, tokens: list[int], origins: list[int]) -> None:
+    def on_output(self, tokens: list[int], origins: list[int], finish_reason: str | None = None,
+                  error: str | None = None) -> None:
         with self._lock:
             self.token_ids.extend(tokens)
             self.origins.extend(origins)
+            if finish_reason is not None:
+                self.finish_reason, self.error = finish_reason, error
+                self._done.set()
             listeners = list(self._listeners)
-        for listener in listeners:
-            listener()
-
-    def on_finish(self, reason: str, error: str | None) -> None:
-        with self._lock:
-            self.finish_reason, self.error = reason, error
-            listeners = list(self._listeners)
-        self._done.set()
         for listener in listeners:
             listener()
 
@@ -166,7 +162,13 @@ class TokenRoutingEngine:
         loop = asyncio.get_running_loop()
         wakeup = asyncio.Event()
         handle = self.submit(prompt, **kwargs)
-        handle.add_listener(lambda: loop.call_soon_threadsafe(wakeup.set))
+        def wake() -> None:
+            try:
+                loop.call_soon_threadsafe(wakeup.set)
+            except RuntimeError:  # the consumer's loop is closed: it no longer wants output
+                pass
+
+        handle.add_listener(wake)
         wakeup.set()  # tokens may have arrived before the listener was added
         sent, text_sent = 0, ""
         try:

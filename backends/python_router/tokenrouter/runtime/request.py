@@ -56,11 +56,15 @@ class RequestState(RequestView):
 
 
 class ClientSink(Protocol):
-    """Receives one request's output on the entry model's loop thread; must not block."""
+    """Receives one request's output on the entry model's loop thread; must not block.
 
-    def on_tokens(self, tokens: list[int], origins: list[int]) -> None: ...
+    Called once per group of newly committed tokens; the call that ends the request carries its
+    ``finish_reason`` (and ``error``) together with its last tokens, so a streaming frontend can
+    mark its last data response final. ``tokens`` may be empty only on that last call.
+    """
 
-    def on_finish(self, reason: str, error: str | None) -> None: ...
+    def on_output(self, tokens: list[int], origins: list[int], finish_reason: str | None = None,
+                  error: str | None = None) -> None: ...
 
 
 @dataclass

@@ -271,11 +271,11 @@ class Subserver:
         request.commit(tokens, origins)
         request.sampled_token = None
         self.stats.tokens_committed += len(tokens)
-        if self.is_entry:
-            self._sinks[request.rid].on_tokens(tokens, origins)
         reason = request.finish_reason(self.limits.max_model_len)
+        if self.is_entry:
+            self._emit(request.rid, tokens, origins, reason)
         if reason is not None:
-            self._finish(request, reason)
+            self._finish(request, reason, notified=True)
             return True
         if inform_entry and not self.is_entry:
             self._send_suffix(request, self.entry, "progress")
@@ -304,18 +304,20 @@ class Subserver:
             origins=origins[anchor:], finish_reason=reason, state={"error": error} if error else {}))
         request.known[peer] = len(request.token_ids)
 
-    def _finish(self, request: RequestState, reason: str, error: str | None = None) -> None:
+    def _finish(self, request: RequestState, reason: str, error: str | None = None, *,
+                notified: bool = False) -> None:
         if self.is_entry:
-            self._finalize(request.rid, reason, error)
+            self._finalize(request.rid, reason, error, notified=notified)
         else:
             self._send_suffix(request, self.entry, "finish", reason, error)
             self._drop(request.rid)
 
-    def _finalize(self, rid: str, reason: str, error: str | None = None) -> None:
-        """Entry: the request is over. Tell the client, free KV everywhere, admit the next one."""
-        sink = self._sinks.pop(rid, None)
-        if sink is not None:
-            sink.on_finish(reason, error)
+    def _finalize(self, rid: str, reason: str, error: str | None = None, *, notified: bool = False) -> None:
+        """Entry: the request is over. Tell the client (unless its last output already said so),
+        free KV everywhere, admit the next one."""
+        if not notified:
+            self._emit(rid, [], [], reason, error)
+        self._sinks.pop(rid, None)
         self.stats.finished[reason] += 1
         self._drop(rid)
         for peer in self.peers:
@@ -351,17 +353,19 @@ class Subserver:
         if message.kind == "handoff":
             self.stats.handoffs_in += 1
             tokens = self.policy.receive(request, message)
-            self._apply_suffix(request, message.anchor, tokens, message.origins[:len(tokens)])
+            self._apply_suffix(request, message.anchor, tokens, message.origins[:len(tokens)], None)
             request.state = dict(message.state)
             request.known[message.sender] = message.anchor + len(message.tokens)
             request.here = True
             request.ready_since = time.monotonic()
             self.runnable[request.rid] = None
         elif message.kind in ("progress", "finish") and self.is_entry:
-            self._apply_suffix(request, message.anchor, message.tokens, message.origins)
+            reason = (message.finish_reason or "error") if message.kind == "finish" else None
+            self._apply_suffix(request, message.anchor, message.tokens, message.origins, reason,
+                               message.state.get("error"))
             request.known[message.sender] = message.anchor + len(message.tokens)
-            if message.kind == "finish":
-                self._finalize(request.rid, message.finish_reason or "error", message.state.get("error"))
+            if reason is not None:
+                self._finalize(request.rid, reason, notified=True)
 
     def _first_visit(self, message: PeerMessage) -> RequestState:
         spec = message.request
@@ -371,10 +375,28 @@ class Subserver:
         self.requests[message.rid] = request
         return request
 
-    def _apply_suffix(self, request: RequestState, anchor: int, tokens: list[int], origins: list[int]) -> None:
+    def _apply_suffix(self, request: RequestState, anchor: int, tokens: list[int], origins: list[int],
+                      reason: str | None, error: str | None = None) -> None:
+        """Take a peer's newer context; the entry streams what is new (with the finish, if any)."""
         grown = request.apply_suffix(anchor, tokens, origins)
-        if self.is_entry and grown > 0:
-            self._sinks[request.rid].on_tokens(request.token_ids[-grown:], request.origins[-grown:])
+        if self.is_entry and (grown > 0 or reason is not None):
+            new_tokens = request.token_ids[len(request.token_ids) - grown:]
+            new_origins = request.origins[len(request.origins) - grown:]
+            self._emit(request.rid, new_tokens, new_origins, reason, error)
+
+    def _emit(self, rid: str, tokens: list[int], origins: list[int], reason: str | None = None,
+              error: str | None = None) -> None:
+        """Hand output to the client's sink. A failing sink (a client gone away) cancels that
+        request only; it must never take the decoding loop down."""
+        sink = self._sinks.get(rid)
+        if sink is None:
+            return
+        try:
+            sink.on_output(tokens, origins, reason, error)
+        except Exception:
+            log.exception("%s: the client sink of %s failed; cancelling it", self.name, rid)
+            if reason is None:
+                self._inbox.put(("cancel", rid))
 
     # --- admission and cancellation (entry) ---------------------------------------------------------
     def _can_admit(self) -> bool:
@@ -410,7 +432,7 @@ class Subserver:
         for submission in self._admission:
             if submission.rid == rid:
                 self._admission.remove(submission)
-                submission.sink.on_finish("cancelled", None)
+                submission.sink.on_output([], [], "cancelled")
                 self.stats.finished["cancelled"] += 1
                 return
         if rid in self.requests:
@@ -427,7 +449,7 @@ class Subserver:
         """Fail whatever is still in flight so no client waits forever."""
         if self.is_entry:
             for submission in list(self._admission):
-                submission.sink.on_finish("error", "the server is shutting down")
+                submission.sink.on_output([], [], "error", "the server is shutting down")
             self._admission.clear()
             for rid in list(self.requests):
                 self._finalize(rid, "error", "the server is shutting down")
