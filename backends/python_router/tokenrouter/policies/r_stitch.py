@@ -8,33 +8,38 @@ large model's normalized entropy is at or below ``threshold`` (its confident tok
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import torch
 
-from .base import RequestView, RoutingPolicy, StepOutput, register_policy
+from .base import RequestView, StepOutput, register_policy
+from .deferral import DeferralPolicy
 
 
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of softmax(logits) per row, divided by log(vocab): 0 = certain, 1 = uniform."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
+    # entr(p) = -p log p with entr(0) = 0: masked (-inf) logits add nothing instead of NaN.
+    entropy = torch.special.entr(torch.softmax(logits.float(), dim=-1)).sum(dim=-1)
     return entropy / math.log(logits.shape[-1])
 
 
+def row_entropy(out: StepOutput, row: int) -> float:
+    """Normalized entropy of one row, computed alone (batch-independent; see deferral.py)."""
+    return float(normalized_entropy(out.logits[row:row + 1])[0])
+
+
 @register_policy
-class RStitch(RoutingPolicy):
+class RStitch(DeferralPolicy):
+    """params: threshold (0.03)."""
+
     name = "r_stitch"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.threshold = self.param("threshold", 0.03)
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
-        # Same rule on both models: uncertain positions belong to the large model.
-        uncertain = (normalized_entropy(out.logits) > self.threshold).tolist()
-        return [self.large if high else self.small for high in uncertain]
+    # Same rule on both models: uncertain positions belong to the large model.
+    def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
+        return row_entropy(out, row) > self.threshold
 
-    def send(self, request: RequestView, peer: str):
-        # Leaving the small model: its uncertain token is dropped. Leaving the large one: kept.
-        return request.message_to(peer, keep_sampled=request.model != self.small)
+    def hand_back(self, request: RequestView, out: StepOutput, row: int) -> bool:
+        return row_entropy(out, row) <= self.threshold

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .base import RequestView, RoutingPolicy, StepOutput, register_policy, uniform
+from .base import PolicyError, RequestView, RoutingPolicy, StepOutput, register_policy, uniform
+from .deferral import DeferralPolicy
 
 
 @register_policy
@@ -31,7 +32,7 @@ class LlmOnly(RoutingPolicy):
 
 
 @register_policy
-class RandomRouting(RoutingPolicy):
+class RandomRouting(DeferralPolicy):
     """Send a token to the large model with probability ``rate``; it returns after ``run_length`` tokens.
 
     The decision for a position depends only on (policy seed, request seed, position), so batching
@@ -46,25 +47,9 @@ class RandomRouting(RoutingPolicy):
         super().__init__(*args, **kwargs)
         self.rate = self.param("rate", 0.1)
         self.seed = self.param("seed", 0, int)
-        self.run_length = self.param("run_length", 1, int)
-        self.keep_sampled = bool(self.params.get("keep_sampled", False))
-        if not 0.0 <= self.rate <= 1.0 or self.run_length < 1:
-            raise ValueError(f"policy 'random': need 0 <= rate <= 1 and run_length >= 1, got {self.params}")
+        self.keep_deferred_token = bool(self.params.get("keep_sampled", False))
+        if not 0.0 <= self.rate <= 1.0:
+            raise PolicyError(f"policy 'random': need 0 <= rate <= 1, got {self.rate}")
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
-        destinations = []
-        for request in batch:
-            if request.model == self.small:
-                position = len(request.token_ids)
-                draw = uniform("random-policy", self.seed, request.spec.seed, position)
-                destinations.append(self.large if draw < self.rate else self.small)
-            else:
-                done = request.state.get("large_tokens", 0) + 1
-                request.state["large_tokens"] = done
-                destinations.append(self.small if done >= self.run_length else self.large)
-        return destinations
-
-    def send(self, request: RequestView, peer: str):
-        if peer == self.large:
-            return request.message_to(peer, keep_sampled=self.keep_sampled, state={"large_tokens": 0})
-        return request.message_to(peer, keep_sampled=True, state={})
+    def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
+        return uniform("random-policy", self.seed, request.spec.seed, len(request.token_ids)) < self.rate

@@ -1,0 +1,57 @@
+"""GlimpRouter: judge a whole step by a glimpse at its first token.
+
+The small model writes the first token of every step; when that token's normalized entropy is above
+``threshold`` (or its probability below ``min_confidence``), the step is deferred: the small
+model's glimpse token is dropped and the large model writes the step, handing back once it
+samples a step-ending token (or after ``max_step_tokens``). Steps end at the token ids in
+``step_end_ids`` (e.g. the tokenizer's newline tokens); with none configured every token is its
+own step and the large model hands back after ``run_length`` tokens (token-level entropy routing).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import PolicyError, RequestView, StepOutput, register_policy
+from .deferral import DeferralPolicy
+from .r_stitch import row_entropy
+
+
+@register_policy
+class GlimpRouter(DeferralPolicy):
+    """params: threshold (0.1, normalized entropy), min_confidence (0 = off), step_end_ids ([]),
+    max_step_tokens (256), run_length (1; only without step_end_ids)."""
+
+    name = "glimp"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.threshold = self.param("threshold", 0.1)
+        self.min_confidence = self.param("min_confidence", 0.0)
+        self.max_step_tokens = self.param("max_step_tokens", 256, int)
+        ids = self.params.get("step_end_ids", [])
+        if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) for i in ids):
+            raise PolicyError(f"policy 'glimp': step_end_ids must be a list of token ids, got {ids!r}")
+        self.step_end_ids = frozenset(ids)
+        if self.max_step_tokens < 1:
+            raise PolicyError(f"policy 'glimp': max_step_tokens must be >= 1, got {self.max_step_tokens}")
+
+    def step_start(self, request: RequestView) -> bool:
+        """Is the token being sampled the first of a step?"""
+        if not self.step_end_ids or request.num_generated == 0:
+            return True
+        return request.token_ids[-1] in self.step_end_ids
+
+    def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
+        if not self.step_start(request):
+            return False
+        if row_entropy(out, row) > self.threshold:
+            return True
+        top = float(torch.softmax(out.logits[row].float(), dim=-1).max())
+        return top < self.min_confidence
+
+    def hand_back(self, request: RequestView, out: StepOutput, row: int) -> bool:
+        if not self.step_end_ids:
+            return super().hand_back(request, out, row)
+        ended = int(out.sampled[row]) in self.step_end_ids
+        return ended or request.state.get("large_tokens", 0) >= self.max_step_tokens

@@ -1,0 +1,11 @@
+"""Policy tests run on one thread: the CPU is shared and the tensors are tiny."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)

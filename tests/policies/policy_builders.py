@@ -1,0 +1,52 @@
+"""Builders for policy tests: request views and step outputs from constructed logits/hidden states."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from tokenrouter.policies.base import RequestView, StepOutput
+from tokenrouter.runtime.messages import PeerMessage, RequestSpec
+
+MODELS = ["small", "large"]
+VOCAB = 32
+
+
+def view(model: str = "small", *, tokens: Sequence[int] = (1, 2, 3), prompt_len: int = 3, seed: int = 0,
+         temperature: float = 0.0, state: dict | None = None, sampled: int | None = None, rid: str = "r0",
+         models: Sequence[str] = MODELS) -> RequestView:
+    generated = len(tokens) - prompt_len
+    return RequestView(rid=rid, model=model, model_index=list(models).index(model), token_ids=list(tokens),
+                       prompt_len=prompt_len, origins=[0] * generated,
+                       spec=RequestSpec(prompt_len=prompt_len, max_tokens=64, temperature=temperature, seed=seed),
+                       state=dict(state or {}), sampled_token=sampled)
+
+
+def peaked(token: int, sharpness: float = 20.0, vocab: int = VOCAB) -> torch.Tensor:
+    """Logits [V] with almost all mass on ``token`` (low entropy)."""
+    logits = torch.zeros(vocab)
+    logits[token] = sharpness
+    return logits
+
+
+def flat(token: int, vocab: int = VOCAB) -> torch.Tensor:
+    """Logits [V] close to uniform with a slight preference for ``token`` (high entropy)."""
+    logits = torch.zeros(vocab)
+    logits[token] = 0.1
+    return logits
+
+
+def step(batch: Sequence[RequestView], logits: Sequence[torch.Tensor], hidden: torch.Tensor | None = None) -> StepOutput:
+    """A step output whose sampled tokens are the greedy argmax; sets each view's sampled_token."""
+    stacked = torch.stack(list(logits)).float()
+    sampled = stacked.argmax(dim=-1)
+    for request, token in zip(batch, sampled.tolist()):
+        request.sampled_token = token
+    return StepOutput(seq_ids=[r.rid for r in batch], sampled=sampled, logits=stacked,
+                      positions=torch.tensor([len(r.token_ids) for r in batch]), hidden=hidden)
+
+
+def roundtrip(message: PeerMessage) -> PeerMessage:
+    """What the peer receives: the message after its JSON trip between processes."""
+    return PeerMessage.from_json(message.to_json())
