@@ -47,6 +47,7 @@ class SubserverStats:
     handoffs_out: int = 0
     handoffs_in: int = 0
     finished: Counter = field(default_factory=Counter)  # entry only: finish reasons
+    output_by_model: Counter = field(default_factory=Counter)  # entry only: output tokens per model index
     batch_sizes: Counter = field(default_factory=Counter)
     queue_wait_s: float = 0.0  # entry only: total time requests waited for admission
     busy_s: float = 0.0  # time spent inside engine steps
@@ -135,6 +136,10 @@ class Subserver:
     def cancel(self, rid: str) -> None:
         self._put("cancel", rid)
 
+    def fail(self, rid: str, error: str) -> None:
+        """End a request with an error from outside the loop (e.g. its handoff could not be sent)."""
+        self._put("fail", (rid, error))
+
     def has_work(self) -> bool:
         return bool(self.runnable) or not self._inbox.empty() or self._can_admit()
 
@@ -183,6 +188,10 @@ class Subserver:
             self._admission.append(payload)
         elif kind == "cancel":
             self._on_cancel(payload)
+        elif kind == "fail":
+            rid, error = payload
+            if rid in self.requests:
+                self._finish(self.requests[rid], "error", error)
 
     def _pick_batch(self) -> list[tuple[RequestState, int]]:
         """(request, tokens to feed) for the next step, or [] to wait for more requests.
@@ -391,6 +400,7 @@ class Subserver:
         sink = self._sinks.get(rid)
         if sink is None:
             return
+        self.stats.output_by_model.update(origins)
         try:
             sink.on_output(tokens, origins, reason, error)
         except Exception:

@@ -1,0 +1,104 @@
+"""Custom metric families on Triton's metrics port, fed from a subserver's counters.
+
+A background thread turns the subserver's plain counters into Triton metrics twice a second, so
+the decoding loop never calls into Triton for metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from ..runtime.subserver import Subserver
+
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
+HANDOFF_BUCKETS = [0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05]
+
+
+class SubserverMetrics:
+    def __init__(self, pb_utils: Any, server: Subserver, period_s: float = 0.5) -> None:
+        family = pb_utils.MetricFamily
+        model = {"model": server.name}
+        families: dict[str, Any] = {}
+
+        def make(name: str, description: str, kind, labels: dict[str, str] | None = None, **kwargs):
+            if name not in families:  # one family per name; label sets tell its metrics apart
+                families[name] = family(name=name, description=description, kind=kind)
+            return families[name].Metric(labels=labels or model, **kwargs)
+
+        self._server = server
+        self._tokens = make("tokenrouter_tokens_total", "Output tokens committed by this model", family.COUNTER)
+        self._handoffs_out = make("tokenrouter_handoffs_total", "Requests handed to or received from a peer",
+                                  family.COUNTER, {**model, "direction": "out"})
+        self._handoffs_in = make("tokenrouter_handoffs_total", "Requests handed to or received from a peer",
+                                 family.COUNTER, {**model, "direction": "in"})
+        self._pending = make("tokenrouter_pending_requests", "Requests whose KV this model keeps while a peer holds them",
+                             family.GAUGE)
+        self._running = make("tokenrouter_running_requests", "Requests this model holds and decodes", family.GAUGE)
+        self._active = make("tokenrouter_active_requests", "Requests active in the whole router (N)", family.GAUGE)
+        self._kv_used = make("tokenrouter_kv_blocks_used", "KV blocks in use in this model's pool", family.GAUGE)
+        self._batch = make("tokenrouter_batch_size", "Rows per engine step", family.HISTOGRAM, buckets=BATCH_BUCKETS)
+        self._busy = make("tokenrouter_busy_seconds_total", "Time spent in engine steps", family.COUNTER)
+        self._handoff_rtt = make("tokenrouter_peer_send_seconds", "Round trip of one peer-message call",
+                                 family.HISTOGRAM, buckets=HANDOFF_BUCKETS)
+        self._entry = server.is_entry
+        self._counter_kind = family.COUNTER
+        if self._entry:
+            self._queue_wait = make("tokenrouter_queue_wait_seconds_total", "Time requests waited for admission",
+                                    family.COUNTER)
+            self._finished_by_reason: dict[str, Any] = {}
+            self._make = make
+            self._share = make("tokenrouter_large_model_token_share",
+                               "Share of output tokens produced by models other than the entry", family.GAUGE)
+        self._seen = {"tokens": 0, "out": 0, "in": 0, "busy": 0.0, "wait": 0.0}
+        self._seen_batches: Counter = Counter()
+        self._seen_finished: Counter = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(period_s,), name="metrics", daemon=True)
+        self._thread.start()
+
+    def observe_round_trip(self, seconds: float) -> None:
+        self._handoff_rtt.observe(seconds)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def _loop(self, period_s: float) -> None:
+        while not self._stop.wait(period_s):
+            self.update()
+
+    def update(self) -> None:
+        server, stats = self._server, self._server.stats
+        self._add(self._tokens, "tokens", stats.tokens_committed)
+        self._add(self._handoffs_out, "out", stats.handoffs_out)
+        self._add(self._handoffs_in, "in", stats.handoffs_in)
+        self._add(self._busy, "busy", stats.busy_s)
+        held, running = len(server.requests), len(server.runnable)
+        self._pending.set(held - running)
+        self._running.set(running)
+        self._active.set(server.active)
+        self._kv_used.set(server.engine.num_used_blocks)
+        for size, count in list(stats.batch_sizes.items()):
+            for _ in range(count - self._seen_batches[size]):
+                self._batch.observe(size)
+            self._seen_batches[size] = count
+        if self._entry:
+            self._add(self._queue_wait, "wait", stats.queue_wait_s)
+            for reason, count in list(stats.finished.items()):
+                if reason not in self._finished_by_reason:
+                    self._finished_by_reason[reason] = self._make(
+                        "tokenrouter_requests_total", "Finished requests by reason", self._counter_kind,
+                        {"model": server.name, "reason": reason})
+                self._finished_by_reason[reason].increment(count - self._seen_finished[reason])
+                self._seen_finished[reason] = count
+            produced = sum(stats.output_by_model.values())
+            if produced:
+                self._share.set(1.0 - stats.output_by_model[server.index] / produced)
+
+    def _add(self, metric: Any, key: str, total: float) -> None:
+        delta = total - self._seen[key]
+        if delta > 0:
+            metric.increment(delta)
+            self._seen[key] = total
