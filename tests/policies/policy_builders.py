@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 
 from tokenrouter.policies.base import RequestView, StepOutput
+from tokenrouter.policies.networks import build_network, save_router
 from tokenrouter.runtime.messages import PeerMessage, RequestSpec
 
 MODELS = ["small", "large"]
@@ -50,3 +51,22 @@ def step(batch: Sequence[RequestView], logits: Sequence[torch.Tensor], hidden: t
 def roundtrip(message: PeerMessage) -> PeerMessage:
     """What the peer receives: the message after its JSON trip between processes."""
     return PeerMessage.from_json(message.to_json())
+
+
+def write_head(directory, algorithm: str, *, hidden_size: int = 8, threshold: float = 0.5, gain: float = 10.0):
+    """A hidden-state head whose logit is ``gain * LayerNorm(hidden)[0]``: channel 0 decides."""
+    architecture = {"kind": "hidden_head", "hidden_size": hidden_size, "width": 4, "depth": 0}
+    network = build_network(architecture)
+    with torch.no_grad():
+        network.mlp[0].weight.zero_()
+        network.mlp[0].weight[0, 0] = gain
+        network.mlp[0].bias.zero_()
+    return save_router(directory, network, {"algorithm": algorithm, "architecture": architecture,
+                                            "threshold": threshold})
+
+
+def hidden_rows(*signs: float, hidden_size: int = 8) -> torch.Tensor:
+    """Hidden states [B, H] whose channel 0 is +5 or -5 (the head above defers on +)."""
+    rows = torch.zeros(len(signs), hidden_size)
+    rows[:, 0] = 5.0 * torch.tensor(signs)
+    return rows

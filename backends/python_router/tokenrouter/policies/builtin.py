@@ -1,3 +1,3 @@
 """Importing this module registers every shipped policy."""
 
-from . import r_stitch, simple  # noqa: F401
+from . import citer, co_llm, ensemble, glimp, query_level, r2r, r_stitch, simple  # noqa: F401

@@ -1,0 +1,71 @@
+"""Query-level routing: the whole request goes to one model, chosen once after the prompt.
+
+The choice is made on the entry (small) model's first step, from the prompt alone, and kept in
+the request's state; no later step ever switches models. When the large model is chosen, the
+small model's first token is dropped so the large model writes the entire response.
+
+modes:
+  length      the large model when the prompt has at least ``min_prompt_tokens`` tokens
+  entropy     the large model when the small model's first-token normalized entropy > ``threshold``
+  classifier  a prompt classifier: a hidden-state head trained by ``tokenrouter train-router``
+              (``classifier``: which head, citer or co_llm; from ``weights``) on the small
+              model's hidden state at the end of the prompt; large when p >= ``threshold``
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..runtime.messages import PeerMessage
+from .base import PolicyError, RequestView, RoutingPolicy, StepOutput, register_policy
+from .deferral import row_hidden
+from .networks import load_router
+from .r_stitch import row_entropy
+
+MODES = ("length", "entropy", "classifier")
+HEADS = ("citer", "co_llm")  # routers that read the hidden state alone
+
+
+@register_policy
+class QueryLevel(RoutingPolicy):
+    """params: mode (entropy), threshold (0.1 for entropy; the head's trained threshold for
+    classifier), min_prompt_tokens (256), classifier (citer)."""
+
+    name = "query_level"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.mode = self.param("mode", "entropy", str)
+        if self.mode not in MODES:
+            raise PolicyError(f"policy 'query_level': mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        self.min_prompt_tokens = self.param("min_prompt_tokens", 256, int)
+        self.router = None
+        if self.mode == "classifier":
+            head = self.param("classifier", "citer", str)
+            if head not in HEADS:
+                raise PolicyError(f"policy 'query_level': classifier must be one of {', '.join(HEADS)}, got {head!r}")
+            self.router = load_router(self.weights, head)
+            self.needs_hidden = True
+        self.threshold = self.param("threshold", self.router.threshold if self.router else 0.1)
+
+    @torch.inference_mode()
+    def wants_large(self, request: RequestView, out: StepOutput, row: int) -> bool:
+        if self.mode == "length":
+            return request.prompt_len >= self.min_prompt_tokens
+        if self.mode == "entropy":
+            return row_entropy(out, row) > self.threshold
+        return float(torch.sigmoid(self.router.network(row_hidden(self, out, row, self.router.hidden_size)))[0]) >= self.threshold
+
+    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
+        destinations = []
+        for row, request in enumerate(batch):
+            if "query_model" not in request.state:
+                chosen = self.large if self.wants_large(request, out, row) else self.small
+                request.state["query_model"] = chosen
+            destinations.append(request.state["query_model"])
+        return destinations
+
+    def send(self, request: RequestView, peer: str) -> PeerMessage:
+        return request.message_to(peer, keep_sampled=False, state=request.state)
