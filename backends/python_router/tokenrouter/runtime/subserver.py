@@ -36,8 +36,11 @@ TOMBSTONE_TTL_S = 120.0  # late messages for a released request are ignored this
 class StepRecord:
     start: float
     end: float
-    batch_size: int
-    new_tokens: int
+    rows: list[tuple[str, int]]  # (request id, tokens fed) per row
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
 
 
 @dataclass
@@ -238,7 +241,7 @@ class Subserver:
         self.stats.steps += 1
         self.stats.busy_s += end - start
         self.stats.batch_sizes[len(rows)] += 1
-        self.step_log.append(StepRecord(start, end, len(rows), sum(len(r.new_tokens) for r in rows)))
+        self.step_log.append(StepRecord(start, end, [(r.seq_id, len(r.new_tokens)) for r in rows]))
 
         # Only rows whose whole pending input went in predict a real next token (chunked prefill).
         done = [i for i, (request, _) in enumerate(batch)
