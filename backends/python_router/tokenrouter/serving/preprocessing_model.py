@@ -1,0 +1,64 @@
+"""Triton model `preprocessing`: text_input -> input_ids; stop_words -> stop_ids; end ids.
+
+Output shapes carry Triton's batch dimension of 1: input_ids [1, n], stop_ids [1, m] (each stop
+sequence followed by -1), end_id [1, k] (the client's end_id, else the model's end ids).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .python_model import RequestError, TokenizerModel, input_array
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, bytes):
+        raise RequestError(f"{what} must be a string")
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RequestError(f"{what} is not valid UTF-8 ({err.reason} at byte {err.start})") from None
+
+
+def generation_eos(tokenizer_path: str) -> list[int]:
+    """eos ids from the model folder's generation_config.json (Qwen lists <|endoftext|> there)."""
+    path = Path(tokenizer_path) / "generation_config.json"
+    if not path.is_file():
+        return []
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+class TritonPythonModel(TokenizerModel):
+    def initialize(self, args: dict[str, str]) -> None:
+        super().initialize(args)
+        self.vocab_size = len(self.codec.tokenizer)
+        self.default_end_ids = self.codec.end_ids(generation_eos(self.tokenizer_path))
+
+    def respond(self, request: Any) -> dict[str, np.ndarray]:
+        texts = input_array(request, "text_input")
+        if texts is None or texts.size == 0:
+            raise RequestError("text_input is missing")
+        prompt = _text(texts.reshape(-1)[0], "text_input")
+        if not prompt:
+            raise RequestError("text_input is empty")
+        stops = input_array(request, "stop_words")
+        words = [_text(word, "each of stop_words") for word in ([] if stops is None else stops.reshape(-1))]
+        stop_ids = [token for seq in self.codec.stop_sequences(words) for token in (*seq, -1)]
+        end_ids = input_array(request, "end_id")
+        if end_ids is not None and end_ids.size:
+            end = [int(i) for i in end_ids.reshape(-1)]
+            bad = [i for i in end if not 0 <= i < self.vocab_size]
+            if bad:
+                raise RequestError(f"end_id {bad} outside the vocabulary [0, {self.vocab_size})")
+        else:
+            end = self.default_end_ids
+        return {
+            "input_ids": np.array([self.codec.encode_prompt(prompt)], dtype=np.int32),
+            "stop_ids": np.array([stop_ids], dtype=np.int32).reshape(1, -1),
+            "end_id": np.array([end], dtype=np.int32).reshape(1, -1),
+        }

@@ -1,0 +1,382 @@
+"""The Triton model repository, both ways: render it from a TokenRouterConfig, read it back.
+
+Layout (one folder per Triton model)::
+
+    tokenrouter/      ensemble: preprocessing -> entry subserver -> postprocessing (the client endpoint)
+    preprocessing/    python: text -> token ids (tokenizer, chat template, stop words, end ids)
+    postprocessing/   python: token ids -> text, UTF-8 safe across streamed chunks
+    <model>/          python_router, role "subserver": one per config model (ModelSpec as parameters)
+    router/           python_router, role "router": policy, scheduling and the policy's weights in 1/
+
+Every setting is a string ``parameter`` in a config.pbtxt, so editing it and restarting Triton (or
+reloading the model through the repository API) takes effect: the models read their settings
+back with :func:`read_repository`. Relative paths in parameters are relative to the repository
+folder (``policy_weights``: to router/1/), so a repository and its models can move together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Literal, Mapping
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..config import ConfigError, ModelSpec, TokenRouterConfig, load_config
+
+ENSEMBLE = "tokenrouter"
+PREPROCESSING = "preprocessing"
+POSTPROCESSING = "postprocessing"
+ROUTER = "router"
+ROUTER_BACKEND = "python_router"
+INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_MODEL")
+# One request per Triton request. Batching is on (max_batch_size > 0) as in the TensorRT-LLM
+# ensemble, so [1, n]-shaped client tensors and HTTP generate's JSON scalars (which Triton turns
+# into [1, 1]) both fit; Triton itself rejects a batch of 2 or more with a clear error. The
+# subservers batch across requests on their own (delayed batching), not through Triton.
+MAX_BATCH_SIZE = 1
+MARKER = ".tokenrouter-repository"  # marks a folder that rendering may replace wholesale
+
+HEADER = (
+    "# Rendered by `tokenrouter build-repository`. Edit `parameters` and restart Triton, or reload\n"
+    "# this model through the repository API (POST /v2/repository/models/<name>/load).\n"
+    "# Relative paths are relative to the repository folder.\n"
+)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    dtype: str  # a model_config DataType name, e.g. "TYPE_INT32"
+    dims: tuple[int, ...]  # without the batch dimension
+
+
+# Every tensor name means the same dtype and shape in every model that uses it.
+TENSORS: dict[str, Tensor] = {
+    # client interface (TensorRT-LLM ensemble names)
+    "text_input": Tensor("TYPE_STRING", (1,)),
+    "max_tokens": Tensor("TYPE_INT32", (1,)),
+    "stream": Tensor("TYPE_BOOL", (1,)),
+    "temperature": Tensor("TYPE_FP32", (1,)),
+    "top_p": Tensor("TYPE_FP32", (1,)),
+    "top_k": Tensor("TYPE_INT32", (1,)),
+    "random_seed": Tensor("TYPE_UINT64", (1,)),
+    "stop_words": Tensor("TYPE_STRING", (-1,)),
+    "end_id": Tensor("TYPE_INT32", (-1,)),  # TensorRT-LLM sends one id; several are allowed
+    "text_output": Tensor("TYPE_STRING", (1,)),
+    # token level (subserver interface)
+    "input_ids": Tensor("TYPE_INT32", (-1,)),
+    "stop_ids": Tensor("TYPE_INT32", (-1,)),  # stop sequences flattened, each followed by -1
+    "peer_message": Tensor("TYPE_STRING", (1,)),
+    "output_ids": Tensor("TYPE_INT32", (-1,)),
+    "prefix_ids": Tensor("TYPE_INT32", (-1,)),
+    "output_models": Tensor("TYPE_STRING", (-1,)),
+    "finish_reason": Tensor("TYPE_STRING", (1,)),
+    "large_model_share": Tensor("TYPE_FP32", (1,)),
+    "is_final": Tensor("TYPE_BOOL", (1,)),
+}
+SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "random_seed", "stream")
+
+SUBSERVER_INPUTS = ("input_ids", *SAMPLING, "end_id", "stop_ids", "peer_message")
+SUBSERVER_OUTPUTS = ("output_ids", "prefix_ids", "output_models", "finish_reason", "large_model_share", "is_final")
+PREPROCESSING_INPUTS = ("text_input", "stop_words", "end_id")
+PREPROCESSING_OUTPUTS = ("input_ids", "stop_ids", "end_id")
+POSTPROCESSING_INPUTS = SUBSERVER_OUTPUTS
+POSTPROCESSING_OUTPUTS = ("text_output", "output_ids", "output_models", "finish_reason", "large_model_share")
+ENSEMBLE_INPUTS = ("text_input", *SAMPLING, "stop_words", "end_id")
+ENSEMBLE_OUTPUTS = POSTPROCESSING_OUTPUTS
+# text_input is optional on purpose: when a required ensemble input is missing, Triton 2.51's
+# ensemble answers with no response and no error; preprocessing names the problem instead.
+REQUIRED_INPUTS = frozenset({"input_ids"})
+
+
+def _add_tensors(config: mc.ModelConfig, inputs: Iterable[str], outputs: Iterable[str]) -> None:
+    for name in inputs:
+        t = TENSORS[name]
+        config.input.add(name=name, data_type=mc.DataType.Value(t.dtype), dims=t.dims,
+                         optional=name not in REQUIRED_INPUTS)
+    for name in outputs:
+        t = TENSORS[name]
+        config.output.add(name=name, data_type=mc.DataType.Value(t.dtype), dims=t.dims)
+
+
+def _encode(value: Any) -> str:
+    """Parameter values are strings: text as is, None as "", anything else as JSON."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def _decode(raw: str, text: bool) -> Any:
+    if raw == "":
+        return None
+    if text:
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw  # a word in a non-text field, e.g. batch_threshold "auto"; validation judges it
+
+
+def _is_text(annotation: Any) -> bool:
+    """Whether a field holds only text (its parameter is then never JSON-decoded)."""
+    if annotation is str:
+        return True
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return all(isinstance(a, str) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return all(_is_text(a) for a in args)
+    return False
+
+
+@dataclass(frozen=True)
+class _Paths:
+    """Paths as written into a repository at ``base``: relative to it, or absolute."""
+
+    base: Path
+    relative: bool = True
+
+    def encode(self, path: str | Path | None) -> str:
+        if path is None:
+            return ""
+        return os.path.relpath(Path(path).resolve(), self.base) if self.relative else str(Path(path).resolve())
+
+    def decode(self, raw: str) -> str | None:
+        return None if raw == "" else str((self.base / raw).resolve())
+
+
+def repository_path(raw: str, repo_dir: Path) -> str | None:
+    """A path parameter made absolute (relative ones are relative to ``repo_dir``); "" is None."""
+    return _Paths(Path(repo_dir)).decode(raw)
+
+
+def model_config(name: str, *, backend: str = "", platform: str = "", max_batch_size: int = MAX_BATCH_SIZE,
+                 inputs: Iterable[str] = (), outputs: Iterable[str] = (),
+                 parameters: Mapping[str, Any] | None = None, decoupled: bool = False,
+                 instance_kind: str | None = "KIND_CPU", gpus: Iterable[int] = ()) -> mc.ModelConfig:
+    """One model's config.pbtxt contents; parameters are encoded as strings."""
+    config = mc.ModelConfig(name=name, backend=backend, platform=platform, max_batch_size=max_batch_size)
+    _add_tensors(config, inputs, outputs)
+    for key, value in (parameters or {}).items():
+        config.parameters[key].string_value = _encode(value)
+    if decoupled:
+        config.model_transaction_policy.decoupled = True
+    if instance_kind is not None:
+        if instance_kind not in INSTANCE_KINDS:
+            raise ConfigError(f"instance kind '{instance_kind}' is not one of {', '.join(INSTANCE_KINDS)}")
+        config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.Kind.Value(instance_kind), gpus=list(gpus))
+    return config
+
+
+def subserver_config(name: str, parameters: Mapping[str, Any], *, backend: str = ROUTER_BACKEND,
+                     instance_kind: str = "KIND_CPU", device: str = "cpu") -> mc.ModelConfig:
+    """A subserver: decoupled, the subserver tensor interface, one instance (it batches itself)."""
+    gpus = [int(device.partition(":")[2] or 0)] if instance_kind == "KIND_GPU" else []
+    return model_config(name, backend=backend, inputs=SUBSERVER_INPUTS, outputs=SUBSERVER_OUTPUTS,
+                        parameters={**parameters, "role": "subserver"}, decoupled=True,
+                        instance_kind=instance_kind, gpus=gpus)
+
+
+def _ensemble_config(entry: str) -> mc.ModelConfig:
+    config = model_config(ENSEMBLE, platform="ensemble", inputs=ENSEMBLE_INPUTS, outputs=ENSEMBLE_OUTPUTS,
+                          instance_kind=None)
+    steps = config.ensemble_scheduling.step
+    pre = steps.add(model_name=PREPROCESSING, model_version=-1)
+    pre.input_map.update({name: name for name in PREPROCESSING_INPUTS})
+    pre.output_map.update({name: f"_{name}" for name in PREPROCESSING_OUTPUTS})
+    sub = steps.add(model_name=entry, model_version=-1)
+    sub.input_map.update({name: f"_{name}" for name in PREPROCESSING_OUTPUTS})
+    sub.input_map.update({name: name for name in SAMPLING})
+    sub.output_map.update({name: f"_{name}" for name in SUBSERVER_OUTPUTS})
+    post = steps.add(model_name=POSTPROCESSING, model_version=-1)
+    post.input_map.update({name: f"_{name}" for name in POSTPROCESSING_INPUTS})
+    post.output_map.update({name: name for name in POSTPROCESSING_OUTPUTS})
+    return config
+
+
+def write_model(repo_dir: Path, config: mc.ModelConfig, files: Mapping[str, str | Path] | None = None) -> Path:
+    """Write ``<repo>/<name>/config.pbtxt`` and version 1 (``files``: name -> text or a path to copy)."""
+    model_dir = Path(repo_dir) / config.name
+    version = model_dir / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(HEADER + text_format.MessageToString(config))
+    for name, content in (files or {}).items():
+        target = version / name
+        if isinstance(content, Path):
+            (shutil.copytree if content.is_dir() else shutil.copy2)(content, target)
+        else:
+            target.write_text(content)
+    return model_dir
+
+
+def _shim(module: str) -> str:
+    """A model.py that re-exports a model class from the package (the code lives in one place)."""
+    return (
+        f'"""Triton loads this file; the model lives in the tokenrouter package."""\n\n'
+        f"from {module} import TritonPythonModel  # noqa: F401\n"
+    )
+
+
+def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template: bool) -> None:
+    """preprocessing, postprocessing and the `tokenrouter` ensemble in front of subserver ``entry``.
+
+    ``tokenizer`` is written as given (relative paths are relative to the repository folder).
+    """
+    pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS, outputs=PREPROCESSING_OUTPUTS,
+                       parameters={"tokenizer": tokenizer, "chat_template": chat_template})
+    write_model(repo_dir, pre, {"model.py": _shim("tokenrouter.serving.preprocessing_model")})
+    # One instance: responses of a stream reach it in order, and it keeps that order.
+    post = model_config(POSTPROCESSING, backend="python", inputs=POSTPROCESSING_INPUTS,
+                        outputs=POSTPROCESSING_OUTPUTS, parameters={"tokenizer": tokenizer})
+    write_model(repo_dir, post, {"model.py": _shim("tokenrouter.serving.postprocessing_model")})
+    write_model(repo_dir, _ensemble_config(entry))
+
+
+def _spec_parameters(spec: ModelSpec, paths: _Paths) -> dict[str, Any]:
+    values = spec.model_dump()
+    values["path"] = paths.encode(spec.path) if spec.path else None
+    return values
+
+
+def _router_config(config: TokenRouterConfig, weights: str) -> mc.ModelConfig:
+    parameters = {
+        "role": "router",
+        "models": config.model_names,
+        "entry": config.entry,
+        "policy": config.policy.name,
+        "policy_params": config.policy.params,
+        "policy_weights": weights,
+        "strategy": config.scheduling.strategy,
+        "max_wait_ms": config.scheduling.max_wait_ms,
+        "max_active": config.scheduling.max_active,
+        "max_model_len": config.max_model_len,
+    }
+    return model_config(ROUTER, backend=ROUTER_BACKEND, max_batch_size=0, parameters=parameters)
+
+
+def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], out_dir: Path, *,
+                      instance_kind: str = "KIND_CPU", relative_paths: bool = True) -> Path:
+    """Write a complete model repository for ``config`` into ``out_dir`` and return its path.
+
+    ``out_dir`` is replaced as a whole (it must be empty, absent, or an earlier rendering), so a
+    model dropped from the config does not linger. The policy's weights are copied into
+    router/1/. ``instance_kind`` applies to the subservers (KIND_GPU pins the device's GPU).
+    """
+    config = load_config(config)
+    out_dir = Path(out_dir).resolve()
+    if config.tokenizer_path is None:
+        raise ConfigError("the repository needs a tokenizer: set `tokenizer` or a `path` on the entry model")
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MARKER).is_file():
+        raise ConfigError(f"{out_dir} is not empty and is not a rendered repository; refusing to replace it")
+    paths = _Paths(out_dir, relative_paths)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        render_frontend(staging, entry=config.entry, tokenizer=paths.encode(config.tokenizer_path),
+                        chat_template=config.chat_template)
+        for name, spec in config.models.items():
+            sub = subserver_config(name, _spec_parameters(spec, paths), instance_kind=instance_kind, device=spec.device)
+            write_model(staging, sub)
+        weights = Path(config.policy.weights) if config.policy.weights else None
+        files = {weights.name: weights} if weights else {}
+        write_model(staging, _router_config(config, weights.name if weights else ""), files)
+        (staging / MARKER).write_text("Rendered by `tokenrouter build-repository`; rendering again replaces this folder.\n")
+        _replace(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def _replace(new: Path, old: Path) -> None:
+    """Put ``new`` where ``old`` is, with no moment where half of each is there."""
+    if not old.exists():
+        new.rename(old)
+        return
+    trash = Path(tempfile.mkdtemp(prefix=f".{old.name}-old-", dir=old.parent))
+    old.rename(trash / old.name)
+    new.rename(old)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def read_model_config(model_dir: Path) -> mc.ModelConfig:
+    path = Path(model_dir) / "config.pbtxt"
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist")
+    try:
+        return text_format.Parse(path.read_text(), mc.ModelConfig())
+    except text_format.ParseError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def model_parameters(model_dir: Path, role: str | None = None) -> dict[str, str]:
+    """A model's parameters as raw strings; checks its ``role`` when one is given."""
+    config = read_model_config(model_dir)
+    params = {key: value.string_value for key, value in config.parameters.items()}
+    if role is not None and params.get("role") != role:
+        raise ConfigError(f"{model_dir}/config.pbtxt: parameter role is '{params.get('role')}', expected '{role}'")
+    return params
+
+
+def _require(params: Mapping[str, str], key: str, where: Path) -> str:
+    if key not in params:
+        raise ConfigError(f"{where}/config.pbtxt: parameter '{key}' is missing")
+    return params[key]
+
+
+def _read_spec(params: dict[str, str], paths: _Paths) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    for key, raw in params.items():
+        if key == "role":
+            continue
+        field = ModelSpec.model_fields.get(key)
+        # an unknown key goes through as text so that validation names it
+        spec[key] = paths.decode(raw) if key == "path" else _decode(raw, field is None or _is_text(field.annotation))
+    return {key: value for key, value in spec.items() if value is not None}
+
+
+def read_repository(repo_dir: Path) -> TokenRouterConfig:
+    """The TokenRouterConfig that a repository's config.pbtxt files describe (paths made absolute)."""
+    repo_dir = Path(repo_dir).resolve()
+    paths = _Paths(repo_dir)
+    router_dir = repo_dir / ROUTER
+    router = model_parameters(router_dir, "router")
+
+    def json_param(key: str) -> Any:
+        return _decode(_require(router, key, router_dir), text=False)
+
+    names = json_param("models")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"{router_dir}/config.pbtxt: parameter 'models' must be a JSON list of model names")
+    models = {name: _read_spec(model_parameters(repo_dir / name, "subserver"), paths) for name in names}
+    weights = _require(router, "policy_weights", router_dir)
+    pre_dir = repo_dir / PREPROCESSING
+    pre = model_parameters(pre_dir)
+    tokenizer = paths.decode(_require(pre, "tokenizer", pre_dir))
+    entry = _require(router, "entry", router_dir) or None
+    raw = {
+        "models": models,
+        "entry": entry,
+        "policy": {
+            "name": _require(router, "policy", router_dir),
+            "params": json_param("policy_params") or {},
+            "weights": str((router_dir / "1" / weights).resolve()) if weights else None,
+        },
+        "scheduling": {
+            "strategy": _require(router, "strategy", router_dir),
+            "max_wait_ms": json_param("max_wait_ms"),
+            "max_active": json_param("max_active"),
+        },
+        # the default (the entry model's own tokenizer) reads back as the default
+        "tokenizer": None if tokenizer == models.get(entry or next(iter(models), ""), {}).get("path") else tokenizer,
+        "chat_template": _decode(_require(pre, "chat_template", pre_dir), text=False),
+        "max_model_len": json_param("max_model_len"),
+    }
+    return load_config(raw)

@@ -1,0 +1,63 @@
+"""Real Triton servers on free loopback ports, started for a given repository and torn down after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from tokenrouter.serving.repository import render_frontend, subserver_config, write_model
+from tokenrouter_tools.triton_server import Ports, TritonServer, build_backend_dir, find_triton
+
+ECHO_DOUBLE = Path(__file__).with_name("echo_subserver_double.py")
+StartServer = Callable[..., TritonServer]
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> Path:
+    """The tiny pair's tokenizer: a byte-level BPE with ChatML specials (builds in seconds, once)."""
+    from tokenrouter_engines.tiny import ensure_tiny_pair
+
+    return ensure_tiny_pair("qwen3", 0)["small"]
+
+
+@pytest.fixture(scope="session")
+def backend_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # python_router is placed only when its model.py exists: the echo repository does not need it
+    from tokenrouter_tools.triton_server import ROUTER_BACKEND_MODEL
+
+    router = ROUTER_BACKEND_MODEL if ROUTER_BACKEND_MODEL.is_file() else None
+    return build_backend_dir(find_triton(), tmp_path_factory.mktemp("backends") / "backends", router)
+
+
+@pytest.fixture(scope="module")
+def start_server(backend_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartServer]:
+    """start_server(repository, timeout_s=...) -> a ready TritonServer; all are stopped at module end.
+
+    The server log goes to a file; a server that does not get ready fails with its log tail."""
+    servers: list[TritonServer] = []
+
+    def start(repository: Path, timeout_s: float = 180.0) -> TritonServer:
+        log = (tmp_path_factory.mktemp("triton-log") / "server.log").open("w")
+        server = TritonServer(repository, backend_dir, find_triton(), Ports.free(), host="127.0.0.1",
+                              log_sink=lambda line: (log.write(line + "\n"), log.flush()), exit_timeout_s=5)
+        servers.append(server)
+        server.start().wait_ready(timeout_s)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def render_echo_repository(out: Path, tokenizer: Path, *, chat_template: bool = False) -> Path:
+    """preprocessing + postprocessing + the `tokenrouter` ensemble in front of the echo double."""
+    render_frontend(out, entry="echo", tokenizer=str(tokenizer), chat_template=chat_template)
+    write_model(out, subserver_config("echo", {}, backend="python"), {"model.py": ECHO_DOUBLE})
+    return out
+
+
+@pytest.fixture(scope="module")
+def echo_server(start_server: StartServer, tiny_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
+    return start_server(render_echo_repository(tmp_path_factory.mktemp("echo-repo"), tiny_tokenizer))

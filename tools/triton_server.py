@@ -1,0 +1,265 @@
+"""Start, wait for and stop one tritonserver process; shared by `tokenrouter serve` and the tests.
+
+A system `tritonserver` (the NGC image) is used when there is one; otherwise the binary that the
+`nvidia-pytriton` wheel bundles. Either way the server gets a backend directory of its own, so
+that `backend: "python_router"` resolves to backends/python_router/model.py, and an environment
+in which the Python backend's stub imports this interpreter's packages.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TextIO
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+ROUTER_BACKEND_MODEL = PROJECT_ROOT / "backends" / "python_router" / "model.py"
+SYSTEM_TRITON_HOME = Path("/opt/tritonserver")
+
+
+class TritonError(RuntimeError):
+    """The server could not be found, started or made ready; the message says why."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where one Triton installation keeps what a launch needs."""
+
+    binary: Path
+    backends: Path  # folder of backends (python/, and on the NGC image tensorrtllm/ etc.)
+    lib_dirs: tuple[Path, ...] = ()  # extra LD_LIBRARY_PATH entries (the wheel's bundled libs)
+    stub: Path | None = None  # Python backend stub to add to backends/python (the wheel only)
+
+
+def find_triton() -> TritonInstall:
+    """A system tritonserver when present, else the nvidia-pytriton wheel's bundled one."""
+    system = shutil.which("tritonserver") or (
+        str(SYSTEM_TRITON_HOME / "bin" / "tritonserver")
+        if (SYSTEM_TRITON_HOME / "bin" / "tritonserver").is_file()
+        else None
+    )
+    if system:
+        home = Path(system).resolve().parents[1]
+        return TritonInstall(binary=Path(system), backends=home / "backends")
+    try:
+        import pytriton  # the wheel nvidia-pytriton; only its files are used, not its API
+    except ImportError:
+        raise TritonError(
+            "no tritonserver found: install Triton (the NGC image has it) or `pip install nvidia-pytriton==0.7.0`"
+        ) from None
+    home = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise TritonError(f"the nvidia-pytriton wheel has no Python backend stub for Python {version}")
+    libs = Path(pytriton.__file__).resolve().parents[1] / "nvidia_pytriton.libs"
+    return TritonInstall(binary=home / "bin" / "tritonserver", backends=home / "backends", lib_dirs=(libs,), stub=stub)
+
+
+def build_backend_dir(install: TritonInstall, dest: Path, router_model: Path | None = ROUTER_BACKEND_MODEL) -> Path:
+    """Make ``dest`` a backend directory: the installation's backends plus python_router.
+
+    The stub is copied (not linked) because the Python backend looks for it next to
+    libtriton_python.so in the folder Triton loaded the library from.
+    """
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for backend in sorted(install.backends.iterdir()):
+        if backend.name == "python_router" or not backend.is_dir():
+            continue
+        if backend.name == "python" and install.stub is not None:
+            shutil.copytree(backend, dest / "python", ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copy2(install.stub, dest / "python" / install.stub.name)
+        else:
+            (dest / backend.name).symlink_to(backend.resolve(), target_is_directory=True)
+    if router_model is not None:
+        if not router_model.is_file():
+            raise TritonError(f"the python_router backend is missing: {router_model} does not exist")
+        (dest / "python_router").mkdir()
+        (dest / "python_router" / "model.py").symlink_to(router_model.resolve())
+    return dest
+
+
+def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for tritonserver and its stubs.
+
+    The stub links libpython and finds its prefix by looking up `python3` on PATH; with this
+    interpreter's bin first, a virtual environment's pyvenv.cfg is honoured, so the stub sees
+    the same site-packages (including .pth files of editable installs) as this process.
+    """
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    lib_dirs = [str(d) for d in install.lib_dirs]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        # the stub links libpython3.X from the loader path; this interpreter's own libpython must
+        # win over the system's, or extension modules of this stdlib (e.g. _ssl) fail to load
+        lib_dirs.insert(0, sysconfig.get_config_var("LIBDIR"))
+    if lib_dirs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*lib_dirs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    env.pop("PYTHONHOME", None)  # would point the embedded interpreter at another installation
+    return env
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+    @classmethod
+    def free(cls, host: str = "127.0.0.1") -> "Ports":
+        """Three ports the kernel reports free right now (tests; a race is unlikely, not impossible)."""
+        socks = [socket.socket() for _ in range(3)]
+        try:
+            for sock in socks:
+                sock.bind((host, 0))
+            return cls(*(sock.getsockname()[1] for sock in socks))
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver child process in its own process group (so no stub outlives it)."""
+
+    repository: Path
+    backend_dir: Path
+    install: TritonInstall
+    ports: Ports = field(default_factory=Ports)
+    host: str | None = None  # bind address for all three endpoints; None: Triton's default (all)
+    log_sink: Callable[[str], None] | None = None  # receives each server log line
+    extra_args: tuple[str, ...] = ()
+    exit_timeout_s: int = 10
+    process: subprocess.Popen[str] | None = field(default=None, init=False)
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=60), init=False)
+    _reader: threading.Thread | None = field(default=None, init=False)
+
+    def command(self) -> list[str]:
+        args = [
+            str(self.install.binary),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={self.backend_dir}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-port={self.ports.metrics}",
+            # explicit + load all: everything loads at start and the repository API can reload a
+            # model after its config.pbtxt was edited
+            "--model-control-mode=explicit",
+            "--load-model=*",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+        ]
+        if self.host is not None:
+            args += [f"--http-address={self.host}", f"--grpc-address={self.host}", f"--metrics-address={self.host}"]
+        return args + list(self.extra_args)
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host or '127.0.0.1'}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host or '127.0.0.1'}:{self.ports.grpc}"
+
+    def start(self) -> "TritonServer":
+        if self.process is not None:
+            raise TritonError("server already started")
+        self.process = subprocess.Popen(
+            self.command(),
+            env=server_env(self.install),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # own process group: signals from the terminal reach us, not it
+        )
+        self._reader = threading.Thread(target=self._read_log, name="tritonserver-log", daemon=True)
+        self._reader.start()
+        return self
+
+    def _read_log(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            if self.log_sink is not None:
+                self.log_sink(line)
+
+    def log_tail(self) -> str:
+        return "\n".join(self.tail)
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def wait_ready(self, timeout_s: float = 300.0) -> "TritonServer":
+        """Block until the server and all its models are ready; raise with the log tail otherwise."""
+        assert self.process is not None, "start() first"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self._join_reader()
+                raise TritonError(
+                    f"tritonserver exited with code {self.process.returncode} before it was ready; "
+                    f"last log lines:\n{self.log_tail()}"
+                )
+            if self.is_ready():
+                return self
+            time.sleep(0.25)
+        raise TritonError(f"tritonserver not ready after {timeout_s:.0f} s; last log lines:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """SIGTERM (Triton drains in-flight requests), then SIGKILL whatever is left of the group."""
+        if self.process is None:
+            return None
+        grace_s = self.exit_timeout_s + 5 if grace_s is None else grace_s
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        try:  # stubs left behind by a killed server share its process group
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._join_reader()
+        return self.process.returncode
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def write_lines(stream: TextIO) -> Callable[[str], None]:
+    """A log sink that forwards server lines to ``stream`` as they come."""
+
+    def sink(line: str) -> None:
+        stream.write(line + "\n")
+        stream.flush()
+
+    return sink
