@@ -103,6 +103,7 @@ class TokenRoutingEngine:
                  codec: TextCodec | None = None) -> None:
         self.config = config
         names = config.model_names
+        self._owns_engines = engines is None  # engines passed in stay open for their owner to reuse
         self.engines = engines or {name: create_engine(name, config.models[name]) for name in names}
         if codec is None and config.tokenizer_path and config.models[config.entry].engine != "simulated":
             codec = TextCodec.from_path(config.tokenizer_path, chat_template=config.chat_template)
@@ -212,8 +213,9 @@ class TokenRoutingEngine:
         self.transport.close()
         if self.auto is not None:
             self.auto.close()
-        for engine in self.engines.values():
-            engine.close()
+        if self._owns_engines:
+            for engine in self.engines.values():
+                engine.close()
 
     def __enter__(self) -> "TokenRoutingEngine":
         return self

@@ -249,19 +249,16 @@ class Subserver:
         if not done:
             return
         out = result if len(done) == len(rows) else _select_rows(result, done)
+        out.sampled = out.sampled.clone()  # a normal tensor that policies may overwrite (ensembles)
         views = [batch[i][0] for i in done]
         for view, token in zip(views, out.sampled.tolist()):
             view.sampled_token = token
-        try:
-            destinations = self.policy.route(views, out)
-        except Exception as exc:
-            log.exception("policy %s failed on %s", self.policy.name, self.name)
-            for view in views:
-                self._finish(view, "error", f"policy '{self.policy.name}' failed: {exc}")
-            return
+        destinations = self._route(views, out)
         lengths = [len(view.token_ids) for view in views]
         for view, token, destination in zip(views, out.sampled.tolist(), destinations):
             view.sampled_token = token  # the policy may have replaced it (ensembles)
+            if destination is None:
+                continue  # the policy failed on this request; it is finished with the error
             if destination == self.name:
                 self._commit(view, [token], [self.index])
             elif destination in self.peers:
@@ -271,6 +268,24 @@ class Subserver:
         if self.on_step is not None:
             committed = [len(view.token_ids) - before for view, before in zip(views, lengths)]
             self.on_step(self, destinations, committed, end - start)
+
+    def _route(self, views: list[RequestState], out: StepResult) -> list[str | None]:
+        """The policy's destinations. When it raises on a batch, route row by row so that only the
+        requests it fails on end (with the error); ``None`` marks those."""
+        try:
+            return self.policy.route(views, out)
+        except Exception:
+            log.exception("policy %s failed on a batch of %d on %s", self.policy.name, len(views), self.name)
+        destinations: list[str | None] = []
+        for row, view in enumerate(views):
+            single = _select_rows(out, [row])
+            try:
+                destinations.append(self.policy.route([view], single)[0])
+                out.sampled[row] = single.sampled[0]
+            except Exception as exc:
+                destinations.append(None)
+                self._finish(view, "error", f"policy '{self.policy.name}' failed: {type(exc).__name__}: {exc}")
+        return destinations
 
     # --- commits, handoffs, finishing ---------------------------------------------------------------
     def _commit(self, request: RequestState, tokens: list[int], origins: list[int], *,
