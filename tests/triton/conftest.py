@@ -15,11 +15,9 @@ StartServer = Callable[..., TritonServer]
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer() -> Path:
-    """The tiny pair's tokenizer: a byte-level BPE with ChatML specials (builds in seconds, once)."""
-    from tokenrouter_engines.tiny import ensure_tiny_pair
-
-    return ensure_tiny_pair("qwen3", 0)["small"]
+def tiny_tokenizer(tiny_pair: dict[str, Path]) -> Path:
+    """The tiny pair's tokenizer: a byte-level BPE with ChatML specials."""
+    return tiny_pair["small"]
 
 
 @pytest.fixture(scope="session")

@@ -208,6 +208,8 @@ def write_model(repo_dir: Path, config: mc.ModelConfig, files: Mapping[str, str 
     version = model_dir / "1"
     version.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.pbtxt").write_text(HEADER + text_format.MessageToString(config))
+    if not files:
+        (version / ".gitkeep").write_text("")  # Triton needs the version folder; git keeps no empty one
     for name, content in (files or {}).items():
         target = version / name
         if isinstance(content, Path):

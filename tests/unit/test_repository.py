@@ -1,0 +1,155 @@
+"""Rendering a model repository from a config and reading it back."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tokenrouter.config import ConfigError, load_config
+from tokenrouter.serving.repository import (
+    ENSEMBLE, MARKER, read_model_config, read_repository, render_repository,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rich_config(tmp_path: Path) -> dict:
+    weights = tmp_path / "src" / "router.pt"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"weights")
+    (tmp_path / "models" / "a").mkdir(parents=True)
+    (tmp_path / "models" / "b").mkdir(parents=True)
+    return {
+        "models": {
+            "small": {"path": str(tmp_path / "models/a"), "batch_threshold": [1, 2, 2], "threads": 2,
+                      "dtype": "bfloat16"},
+            "large": {"path": str(tmp_path / "models/b"), "batch_threshold": "auto", "device": "cuda:1"},
+            "sim": {"engine": "simulated", "profile": {"decode_ms": [3.5, 4.0], "name": "x"}},
+        },
+        "entry": "small",
+        "policy": {"name": "r_stitch", "params": {"threshold": 0.05, "nested": {"k": [1, "v"]}},
+                   "weights": str(weights)},
+        "scheduling": {"strategy": "eager_async", "max_wait_ms": 7.5, "max_active": 9},
+        "chat_template": True,
+        "max_model_len": 1024,
+    }
+
+
+def test_render_then_read_gives_the_same_config(tmp_path: Path) -> None:
+    config = load_config(rich_config(tmp_path))
+    repo = render_repository(config, tmp_path / "repo")
+    back = read_repository(repo)
+    copied = repo / "router" / "1" / "router.pt"
+    assert back.policy.weights == str(copied) and copied.read_bytes() == b"weights"
+    assert back == config.model_copy(update={"policy": config.policy.model_copy(update={"weights": str(copied)})})
+    # the copy is the repository's own: rendering what was read changes nothing
+    assert read_repository(render_repository(back, tmp_path / "repo2")) == back.model_copy(
+        update={"policy": back.policy.model_copy(update={"weights": str(tmp_path / "repo2/router/1/router.pt")})})
+
+
+def test_explicit_tokenizer_and_defaults_round_trip(tmp_path: Path) -> None:
+    raw = rich_config(tmp_path)
+    raw.update(tokenizer=str(tmp_path / "models/b"), max_model_len=None, chat_template=False)
+    del raw["policy"]["weights"]
+    config = load_config(raw)
+    assert read_repository(render_repository(config, tmp_path / "repo")) == config
+
+
+def test_paths_are_relative_so_repository_and_models_move_together(tmp_path: Path) -> None:
+    config = load_config(rich_config(tmp_path))
+    render_repository(config, tmp_path / "repo")
+    params = read_model_config(tmp_path / "repo" / "small").parameters
+    assert params["path"].string_value == "../models/a"
+    shutil.move(tmp_path, tmp_path.parent / (tmp_path.name + "-moved"))
+    moved = tmp_path.parent / (tmp_path.name + "-moved")
+    assert read_repository(moved / "repo").models["small"].path == str(moved / "models/a")
+
+
+def test_absolute_paths_on_request(tmp_path: Path) -> None:
+    render_repository(rich_config(tmp_path), tmp_path / "repo", relative_paths=False)
+    assert read_model_config(tmp_path / "repo" / "small").parameters["path"].string_value == str(tmp_path / "models/a")
+
+
+def test_edited_parameter_takes_effect(tmp_path: Path) -> None:
+    repo = render_repository(rich_config(tmp_path), tmp_path / "repo")
+    pbtxt = repo / "router" / "config.pbtxt"
+    pbtxt.write_text(pbtxt.read_text().replace('string_value: "7.5"', 'string_value: "12"'))
+    sub = repo / "large" / "config.pbtxt"
+    sub.write_text(sub.read_text().replace('string_value: "auto"', 'string_value: "[1, 3]"'))
+    config = read_repository(repo)
+    assert config.scheduling.max_wait_ms == 12.0
+    assert config.models["large"].batch_threshold == [1, 3]
+
+
+def test_a_bad_edit_is_named(tmp_path: Path) -> None:
+    repo = render_repository(rich_config(tmp_path), tmp_path / "repo")
+    sub = repo / "small" / "config.pbtxt"
+    sub.write_text(sub.read_text().replace('key: "block_size"', 'key: "blok_size"'))
+    with pytest.raises(ConfigError, match="models.small.blok_size"):
+        read_repository(repo)
+    sub.write_text("name: broken {")
+    with pytest.raises(ConfigError, match="small/config.pbtxt"):
+        read_repository(repo)
+
+
+def test_rendering_again_replaces_the_repository(tmp_path: Path) -> None:
+    raw = rich_config(tmp_path)
+    render_repository(raw, tmp_path / "repo")
+    del raw["models"]["sim"]
+    render_repository(raw, tmp_path / "repo")
+    assert not (tmp_path / "repo" / "sim").exists()
+    assert (tmp_path / "repo" / MARKER).is_file()
+
+
+def test_refuses_to_replace_a_folder_it_did_not_render(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not a rendered repository"):
+        render_repository(rich_config(tmp_path), tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_gpu_instances_pin_the_configured_device(tmp_path: Path) -> None:
+    config = rich_config(tmp_path)
+    render_repository(config, tmp_path / "repo", instance_kind="KIND_GPU")
+    group = read_model_config(tmp_path / "repo" / "large").instance_group[0]
+    assert list(group.gpus) == [1]
+    with pytest.raises(ConfigError, match="instance kind"):
+        render_repository(config, tmp_path / "repo", instance_kind="KIND_TPU")
+
+
+def test_ensemble_wiring_is_consistent(tmp_path: Path) -> None:
+    """Every step reads only ensemble inputs or earlier steps' outputs, by names its model declares."""
+    repo = render_repository(rich_config(tmp_path), tmp_path / "repo")
+    ensemble = read_model_config(repo / ENSEMBLE)
+    available = {t.name for t in ensemble.input}
+    for step in ensemble.ensemble_scheduling.step:
+        model = read_model_config(repo / step.model_name)
+        assert set(step.input_map) <= {t.name for t in model.input}
+        assert set(step.input_map.values()) <= available
+        assert set(step.output_map) <= {t.name for t in model.output}
+        available |= set(step.output_map.values())
+    assert {t.name for t in ensemble.output} <= available
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step][1] == "small"
+
+
+def test_tiny_config_renders(tmp_path: Path) -> None:
+    render_repository(ROOT / "configs" / "tiny.yaml", tmp_path / "repo")
+    assert read_model_config(tmp_path / "repo" / "router").parameters["role"].string_value == "router"
+
+
+def test_committed_repository_is_what_the_default_config_renders(tmp_path: Path) -> None:
+    """model_repository/ == `tokenrouter build-repository configs/qwen2.5-coder.yaml model_repository`."""
+    # the same layout under tmp_path, so relative paths come out as they are in the checkout
+    (tmp_path / "configs").mkdir()
+    shutil.copy(ROOT / "configs" / "qwen2.5-coder.yaml", tmp_path / "configs")
+    rendered = render_repository(tmp_path / "configs" / "qwen2.5-coder.yaml", tmp_path / "model_repository")
+    committed = ROOT / "model_repository"
+    files = sorted(p.relative_to(rendered) for p in rendered.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(committed) for p in committed.rglob("*")
+                           if p.is_file() and "__pycache__" not in p.parts)
+    for path in files:
+        assert (committed / path).read_text() == (rendered / path).read_text(), path
+    assert read_repository(committed) == load_config(ROOT / "configs" / "qwen2.5-coder.yaml")
