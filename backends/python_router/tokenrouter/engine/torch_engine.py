@@ -95,6 +95,12 @@ class TorchEngine(Engine):
         """A copy of the sequence's block ids, in context order (for tests and diagnostics)."""
         return list(self._pool.block_table(seq_id))
 
+    def cached_kv(self, seq_id: SeqId, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the sequence's cached keys and values in ``layer``, each [num_cached, kv_heads, head_dim]."""
+        slots = torch.tensor(self._pool.slots(seq_id, 0, self._pool.length(seq_id)), dtype=torch.long,
+                             device=self._device)
+        return self._cache.keys[layer][slots].cpu(), self._cache.values[layer][slots].cpu()
+
     # --- sequences ------------------------------------------------------------------------------
     def add_sequence(self, seq_id: SeqId) -> None:
         self._pool.add(seq_id)
