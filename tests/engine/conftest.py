@@ -21,8 +21,10 @@ def _few_threads() -> None:
 
 @pytest.fixture
 def make_engine() -> Callable[..., TorchEngine]:
-    def make(path: Path, *, block_size: int = 4, kv_cache_tokens: int = 1024, dtype: str = "float32") -> TorchEngine:
-        spec = ModelSpec(path=str(path), block_size=block_size, kv_cache_tokens=kv_cache_tokens, dtype=dtype)
+    def make(path: Path, *, block_size: int = 4, kv_cache_tokens: int = 1024, dtype: str = "float32",
+             threads: int | None = None) -> TorchEngine:
+        spec = ModelSpec(path=str(path), block_size=block_size, kv_cache_tokens=kv_cache_tokens, dtype=dtype,
+                         threads=threads)
         return TorchEngine.from_spec(Path(path).name, spec)
 
     return make

@@ -82,19 +82,30 @@ def random_prompts(seed: int, vocab: int) -> dict[str, list[int]]:
     return {k: torch.randint(3, vocab, (n,), generator=generator).tolist() for k, n in lengths.items()}
 
 
-@pytest.mark.parametrize("size,block_size", [("small", 3), ("large", 16)])
-def test_greedy_equals_generate(tiny_pair_family, size, block_size, make_engine, hf_model, reference):
-    family, paths = tiny_pair_family
-    engine = make_engine(paths[size], block_size=block_size)
-    model = hf_model(paths[size])
-    requests = scenario(engine, random_prompts(seed=7, vocab=engine.vocab_size))
-
+def assert_matches_reference(requests: dict[str, Request], model, reference, atol: float, label: str) -> None:
+    """Tokens exactly; logits within ``atol`` (bf16 logits near 16 are 0.125 apart)."""
     assert [len(requests[k].segments) for k in "abcde"] == [1, 1, 2, 2, 1]
     for seq_id, request in requests.items():
         for segment in request.segments:
             tokens, logits = reference(model, segment.context, len(segment.tokens))
-            assert segment.tokens == tokens, f"{family}/{size} {seq_id} after {len(segment.context)} tokens"
-            torch.testing.assert_close(torch.stack(segment.logits), logits, atol=2e-4, rtol=1e-4)
+            assert segment.tokens == tokens, f"{label}: {seq_id} after {len(segment.context)} tokens"
+            torch.testing.assert_close(torch.stack(segment.logits), logits, atol=atol, rtol=1e-4)
+
+
+@pytest.mark.parametrize("size,block_size", [("small", 3), ("large", 16)])
+def test_greedy_equals_generate(tiny_pair_family, size, block_size, make_engine, hf_model, reference):
+    family, paths = tiny_pair_family
+    engine = make_engine(paths[size], block_size=block_size)
+    requests = scenario(engine, random_prompts(seed=7, vocab=engine.vocab_size))
+    assert_matches_reference(requests, hf_model(paths[size]), reference, atol=2e-4, label=f"{family}/{size}")
+
+
+def test_bfloat16_greedy_equals_generate(tiny_pair, make_engine, hf_model, reference):
+    """bf16 end to end (weights, KV pool, activations); the reference runs transformers in bf16 too."""
+    engine = make_engine(tiny_pair["large"], dtype="bfloat16")
+    requests = scenario(engine, random_prompts(seed=8, vocab=engine.vocab_size))
+    assert engine.cached_kv("a", 0)[0].dtype == torch.bfloat16
+    assert_matches_reference(requests, hf_model(tiny_pair["large"], "bfloat16"), reference, atol=0.5, label="bf16")
 
 
 def test_resume_feeds_only_new_tokens(tiny_pair, make_engine):
