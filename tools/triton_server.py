@@ -9,6 +9,7 @@ in which the Python backend's stub imports this interpreter's packages.
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
 import shutil
 import signal
@@ -186,6 +187,7 @@ class TritonServer:
             text=True,
             errors="replace",
             start_new_session=True,  # own process group: signals from the terminal reach us, not it
+            preexec_fn=_die_with_parent,
         )
         self._reader = threading.Thread(target=self._read_log, name="tritonserver-log", daemon=True)
         self._reader.start()
@@ -253,6 +255,12 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the launching thread dies, even by SIGKILL (Linux only)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def write_lines(stream: TextIO) -> Callable[[str], None]:

@@ -1,0 +1,91 @@
+"""`tokenrouter serve` as a user runs it: ready, answers, and stops cleanly on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tokenrouter_tools.triton_server import Ports
+
+from .clients import http_generate
+from .conftest import render_echo_repository
+
+
+def _descendants(pid: int) -> list[int]:
+    """All processes below ``pid`` (from /proc): tritonserver and its Python stubs."""
+    children = _children(pid)
+    return children + [d for child in children for d in _descendants(child)]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_serve_runs_a_repository_and_stops_without_orphans(sig: signal.Signals, tiny_tokenizer: Path,
+                                                           tmp_path: Path) -> None:
+    repo = render_echo_repository(tmp_path / "repo", tiny_tokenizer)
+    ports = Ports.free()
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tokenrouter_tools.cli", "serve", "--model-repository", str(repo),
+         f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}",
+         "--triton-arg=--exit-timeout-secs=5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        for line in launcher.stdout:  # forwarded server log, then the ready line
+            lines.append(line)
+            if "tokenrouter serve: ready" in line:
+                break
+        else:
+            pytest.fail("serve exited before ready:\n" + "".join(lines[-30:]))
+        server_pids = _descendants(launcher.pid)
+        assert len(server_pids) >= 4, "expected tritonserver and a stub per Python model"
+        assert http_generate(f"127.0.0.1:{ports.http}", {"text_input": "hello"})["text_output"] == "hello"
+        launcher.send_signal(sig)
+        rest, _ = launcher.communicate(timeout=60)
+        assert launcher.returncode == 0, rest[-3000:]
+        assert "stopping tritonserver" in rest
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in server_pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in server_pids)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_serve_reports_a_model_that_cannot_load(tiny_tokenizer: Path, tmp_path: Path) -> None:
+    repo = render_echo_repository(tmp_path / "repo", tmp_path / "no-such-tokenizer")
+    ports = Ports.free()
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenrouter_tools.cli", "serve", "--model-repository", str(repo),
+         f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "exited with code 1 before it was ready; last log lines:" in done.stderr
+    assert "no-such-tokenizer" in done.stderr.split("last log lines:")[1]

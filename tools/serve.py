@@ -1,0 +1,135 @@
+"""`tokenrouter serve`: run Triton with a TokenRouter model repository until Ctrl-C or SIGTERM.
+
+    tokenrouter serve                         the real Qwen2.5-Coder pair (fetched and converted once)
+    tokenrouter serve --tiny                  a tiny random pair, ready in seconds
+    tokenrouter serve --config my.yaml        any config, rendered to a repository first
+    tokenrouter serve --model-repository DIR  a repository as it is (edit its config.pbtxt, restart)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from tokenrouter.config import ConfigError, TokenRouterConfig, load_config
+from tokenrouter.serving.repository import ENSEMBLE, read_repository, render_repository
+
+from .triton_server import (
+    PROJECT_ROOT, ROUTER_BACKEND_MODEL, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
+)
+
+RUNTIME = PROJECT_ROOT / ".runtime"
+DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
+DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "qwen2.5-coder.yaml"
+TINY_CONFIG = PROJECT_ROOT / "configs" / "tiny.yaml"
+TINY_FAMILY, TINY_SEED = "qwen3", 0
+
+
+class _Stop(Exception):
+    """Raised in the main thread by SIGINT/SIGTERM."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--config", help="YAML config to render and serve (see configs/)")
+    source.add_argument("--tiny", action="store_true", help="a tiny random model pair, ready in seconds")
+    parser.add_argument("--model-repository", metavar="DIR",
+                        help="serve DIR as it is; with --config/--tiny: render into DIR "
+                             "(default: model_repository/, or .runtime/repositories/<name> when rendering)")
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--ready-timeout", type=float, default=900.0, metavar="S",
+                        help="seconds to wait for all models to load (default 900)")
+    parser.add_argument("--triton-arg", action="append", default=[], metavar="ARG",
+                        help="extra tritonserver argument, e.g. --triton-arg=--log-verbose=1 (repeatable)")
+
+
+def _with_pair(config_path: Path, pair: dict[str, Path]) -> TokenRouterConfig:
+    """The config with its first two models' paths set to the pair's small and large folders."""
+    config = load_config(config_path)
+    small, large = config.model_names[:2]
+    config.models[small].path = str(Path(pair["small"]).resolve())
+    config.models[large].path = str(Path(pair["large"]).resolve())
+    return config
+
+
+def _check_paths(config: TokenRouterConfig) -> None:
+    for name, spec in config.models.items():
+        if spec.path and not Path(spec.path).exists():
+            raise ConfigError(f"model '{name}': {spec.path} does not exist "
+                              f"(the default pair installs with `tokenrouter models pull`)")
+
+
+def _render(config: TokenRouterConfig, out: str | None, name: str) -> Path:
+    _check_paths(config)
+    return render_repository(config, Path(out) if out else RUNTIME / "repositories" / name)
+
+
+def prepare_repository(args: argparse.Namespace) -> Path:
+    """The repository folder to serve, rendering it and installing models where needed."""
+    if args.tiny:
+        from tokenrouter_engines.tiny import ensure_tiny_pair
+
+        print("tokenrouter serve: preparing the tiny pair", file=sys.stderr)
+        return _render(_with_pair(TINY_CONFIG, ensure_tiny_pair(TINY_FAMILY, TINY_SEED)), args.model_repository, "tiny")
+    if args.config:
+        return _render(load_config(args.config), args.model_repository, Path(args.config).stem)
+    if args.model_repository:
+        return Path(args.model_repository).resolve()
+    from tokenrouter_engines.models import ensure_real_pair
+
+    config = _with_pair(DEFAULT_CONFIG, ensure_real_pair(progress=True))
+    if read_repository(DEFAULT_REPOSITORY).models == config.models:
+        return DEFAULT_REPOSITORY
+    # the models were installed elsewhere (TOKENROUTER_MODELS_DIR): point a rendering at them
+    return _render(config, None, DEFAULT_CONFIG.stem)
+
+
+def _raise_stop(signum: int, _frame: object) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        repository = prepare_repository(args)
+        install = find_triton()
+        router = ROUTER_BACKEND_MODEL if ROUTER_BACKEND_MODEL.is_file() else None
+        if router is None:
+            print(f"tokenrouter serve: warning: {ROUTER_BACKEND_MODEL} is missing; python_router models cannot load",
+                  file=sys.stderr)
+        backend_dir = build_backend_dir(install, RUNTIME / f"serve-{os.getpid()}" / "backends", router)
+    except (ConfigError, TritonError) as err:
+        print(f"tokenrouter serve: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C while models are fetched or converted
+        return 130
+    server = TritonServer(repository, backend_dir, install, Ports(args.http_port, args.grpc_port, args.metrics_port),
+                          log_sink=write_lines(sys.stderr), extra_args=tuple(args.triton_arg))
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(f"tokenrouter serve: {install.binary} with {repository}", file=sys.stderr)
+        server.start().wait_ready(args.ready_timeout)
+        print(f"tokenrouter serve: ready. HTTP :{args.http_port} (POST /v2/models/{ENSEMBLE}/generate, "
+              f"generate_stream), gRPC :{args.grpc_port}, metrics :{args.metrics_port}/metrics. Ctrl-C stops.",
+              file=sys.stderr)
+        code = server.process.wait()
+        print(f"tokenrouter serve: tritonserver exited with code {code}", file=sys.stderr)
+        return code or 0
+    except _Stop as stop:
+        print(f"tokenrouter serve: {stop}: stopping tritonserver", file=sys.stderr)
+        return 0
+    except TritonError as err:
+        print(f"tokenrouter serve: {err}", file=sys.stderr)
+        return 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(backend_dir.parent, ignore_errors=True)
