@@ -1,0 +1,155 @@
+"""Throughput of delayed batching, T(B), and the best thresholds B* (TokenRouter, Appendix D).
+
+    T(B) = sum_s pi(s) sum_{i in A(s)} sum_j b_i p_ij c_ij  /  sum_s pi(s) tau(s)
+
+where pi is the stationary distribution of the chain in ``chain.py`` (a renewal-reward ratio:
+expected tokens per completion event over expected time per event).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from itertools import product
+from typing import Iterable, Sequence, overload
+
+import numpy as np
+from scipy import sparse
+from scipy.sparse import csgraph
+from scipy.sparse.linalg import spsolve
+
+from .chain import Chain, StateSpaceTooLarge, build_chain
+from .inputs import Grid, Latency, check_matrices, check_population, check_thresholds, latency_table, make_grid
+
+Matrix = Sequence[Sequence[float]] | np.ndarray
+
+# Reachable states allowed before the grid is coarsened. About 1-2 s of build and solve on one
+# CPU core (see docs/throughput.md).
+DEFAULT_MAX_STATES = 60_000
+
+
+class CoarseGridWarning(UserWarning):
+    """The requested delta gave too many states; a coarser grid (rounded latencies) was used."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    throughput: float  # committed tokens per second
+    num_states: int  # reachable states of the chain
+    unit_s: float  # grid unit actually used (delta times the gcd reduction, or coarsened)
+    steps: tuple[tuple[int, ...], ...]  # latencies in grid units, per model and batch size
+    seconds: float  # wall time of the build and solve
+
+
+def stationary(transition: sparse.csr_matrix) -> np.ndarray:
+    """pi with pi T = pi, sum pi = 1, supported on the chain's single closed class.
+
+    States visited only on the way from the start (transient ones) get probability 0. Solving on
+    the closed class alone keeps the linear system non-singular.
+    """
+    n = transition.shape[0]
+    count, labels = csgraph.connected_components(transition, directed=True, connection="strong")
+    coo = transition.tocoo()
+    leaving = np.unique(labels[coo.row[labels[coo.row] != labels[coo.col]]])
+    closed = np.setdiff1d(np.arange(count), leaving)
+    if len(closed) != 1:
+        raise ValueError(f"the chain has {len(closed)} closed classes; the long-run throughput "
+                         f"depends on the start and the model does not cover it")
+    members = np.flatnonzero(labels == closed[0])
+    # pi (I - T) = 0 with pi_0 fixed to 1: drop state 0's balance equation and move its column to
+    # the right-hand side. (Replacing an equation by sum(pi) = 1 would add a dense row, and the
+    # sparse LU would fill in.)
+    system = (sparse.identity(len(members)) - transition[members][:, members]).T.tocsc()
+    weights = np.ones(len(members))
+    if len(members) > 1:
+        weights[1:] = spsolve(system[1:, 1:], -system[1:, 0].toarray().ravel(),
+                              permc_spec="MMD_AT_PLUS_A")
+    pi = np.zeros(n)
+    pi[members] = weights / weights.sum()
+    return pi
+
+
+def chain_throughput(chain: Chain, unit_s: float) -> float:
+    pi = stationary(chain.transition)
+    return float(pi @ chain.reward) / (float(pi @ chain.holding) * unit_s)
+
+
+def solve(P: Matrix, C: Matrix, L: Sequence[Latency], B: Sequence[int], N: int, delta: float, *,
+          snap: bool = False, max_states: int = DEFAULT_MAX_STATES) -> Prediction:
+    """T(B) with diagnostics. L[i] is seconds, or a list of seconds per batch size 1..N.
+
+    Latencies must be whole multiples of ``delta`` unless ``snap`` rounds them to the grid. When
+    the chain would exceed ``max_states`` states, the grid unit is doubled and latencies are
+    rounded to it until it fits; a ``CoarseGridWarning`` says so.
+    """
+    p, c = check_matrices(P, C)
+    N = check_population(N)
+    B = check_thresholds(B, len(p), N)
+    latencies = latency_table(L, len(p), N)
+    return _solve_on(p, c, latencies, make_grid(latencies, delta, snap), B, N, max_states)
+
+
+def predict(P: Matrix, C: Matrix, L: Sequence[Latency], B: Sequence[int], N: int, delta: float, *,
+            snap: bool = False) -> float:
+    """Predicted decoding throughput in committed tokens per second (Appendix D)."""
+    return solve(P, C, L, B, N, delta, snap=snap).throughput
+
+
+def feasible_thresholds(M: int, N: int) -> Iterable[tuple[int, ...]]:
+    """Every B in {1..N}^M that cannot deadlock: sum(B_i - 1) < N."""
+    return (B for B in product(range(1, N + 1), repeat=M) if sum(b - 1 for b in B) < N)
+
+
+@overload
+def best_thresholds(P: Matrix, C: Matrix, L: Sequence[Latency], N: int, delta: float, *, snap: bool = ...,
+                    max_states: int = ...) -> tuple[list[int], dict[tuple[int, ...], float]]: ...
+@overload
+def best_thresholds(P: Matrix, C: Matrix, L: Sequence[Latency], N: Iterable[int], delta: float, *,
+                    snap: bool = ..., max_states: int = ...
+                    ) -> tuple[dict[int, list[int]], dict[int, dict[tuple[int, ...], float]]]: ...
+def best_thresholds(P, C, L, N, delta, *, snap=False, max_states=DEFAULT_MAX_STATES):
+    """B* = argmax T(B) over feasible B, and the table B -> T(B).
+
+    With an iterable of N (e.g. ``range(1, 17)``), returns ``({N: B*}, {N: table})``. Ties go to
+    the smaller thresholds (less waiting for the same throughput).
+    """
+    if isinstance(N, Iterable):
+        per_n = {n: best_thresholds(P, C, L, n, delta, snap=snap, max_states=max_states) for n in N}
+        return {n: best for n, (best, _) in per_n.items()}, {n: table for n, (_, table) in per_n.items()}
+    p, c = check_matrices(P, C)
+    N = check_population(N)
+    latencies = latency_table(L, len(p), N)
+    grid = make_grid(latencies, delta, snap)
+    table: dict[tuple[int, ...], float] = {}
+    for B in feasible_thresholds(len(p), N):
+        prediction = _solve_on(p, c, latencies, grid, B, N, max_states)
+        grid = _grid_of(prediction)  # keep a coarsened grid for the rest of the sweep
+        table[B] = prediction.throughput
+    best = max(table, key=lambda B: (round(table[B], 9), [-b for b in B]))
+    return list(best), table
+
+
+def _solve_on(p: np.ndarray, c: np.ndarray, latencies: np.ndarray, grid: Grid, B: tuple[int, ...],
+              N: int, max_states: int) -> Prediction:
+    started = time.perf_counter()
+    while True:
+        try:
+            chain = build_chain(p, c, grid, B, N, max_states)
+            break
+        except StateSpaceTooLarge:
+            if grid.max_steps <= 1:
+                raise ValueError(f"N = {N} with M = {len(p)} models has more than {max_states} states "
+                                 f"even on the coarsest grid; raise max_states") from None
+            coarser = make_grid(latencies, grid.unit_s * 2, snap=True)
+            warnings.warn(CoarseGridWarning(
+                f"more than {max_states} states with grid unit {grid.unit_s * 1e3:.4g} ms (latency "
+                f"steps {grid.steps}); retrying with unit {coarser.unit_s * 1e3:.4g} ms and rounded "
+                f"latencies {coarser.steps}"), stacklevel=3)
+            grid = coarser
+    return Prediction(chain_throughput(chain, grid.unit_s), len(chain.states), grid.unit_s, grid.steps,
+                      time.perf_counter() - started)
+
+
+def _grid_of(prediction: Prediction) -> Grid:
+    return Grid(prediction.unit_s, prediction.steps)
