@@ -41,6 +41,7 @@ def convert_gguf(gguf: Path, out: Path, recipe: PairRecipe, model: ModelRecipe, 
             lm.save_pretrained(partial)
             tokenizer.save_pretrained(partial)
             del lm  # several GB in fp32: free it before hashing
+            make_readable(partial)
             bar.update()
             bar.set_postfix_str("checksum")
             write_marker(partial, recipe, model)
@@ -87,6 +88,13 @@ def token_id(tokenizer: Any, token: str) -> int:
     if found is None or found == tokenizer.unk_token_id:
         raise InstallError(f"the GGUF's tokenizer has no token {token!r}; the recipe's eos/pad tokens do not fit it")
     return int(found)
+
+
+def make_readable(folder: Path) -> None:
+    """safetensors writes its file 0600; the server may run as another user than the one who pulled."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(path.stat().st_mode | 0o444)
 
 
 def write_marker(folder: Path, recipe: PairRecipe, model: ModelRecipe) -> dict:

@@ -181,8 +181,22 @@ def _list(args: argparse.Namespace) -> int:
     for role, problems in status.items():
         model = recipe.models[role]
         state = "; ".join(problems) or ("ok, sha256 re-verified" if args.verify else "ok")
-        print(f"{role:6} {model.name:32} {_size(dest / model.name)}  {state}")
+        print(f"{role:6} {model.name:32} {_size(dest / model.name)}  {state}; {_gguf_state(dest, model, args.verify)}")
     return 0 if not any(status.values()) else 1
+
+
+def _gguf_state(dest: Path, model: ModelRecipe, verify: bool) -> str:
+    """The kept GGUF is optional (only reconversion needs it), so it never fails `list`."""
+    gguf = dest / GGUF_DIR / model.gguf_filename
+    if not gguf.exists():
+        return "gguf absent"
+    if not verify:
+        return "gguf kept"
+    try:
+        verify_file(gguf, model.size, model.sha256, str(gguf), progress=False)
+    except ChecksumError:
+        return "gguf damaged (the next pull fetches it again)"
+    return "gguf kept, sha256 ok"
 
 
 def _size(folder: Path) -> str:

@@ -378,6 +378,7 @@ def test_pull_installs_a_gguf_end_to_end(tmp_path: Path, capsys: pytest.CaptureF
     assert capsys.readouterr().out == f"small\t{folder}\n"
     assert sorted(path.name for path in dest.iterdir()) == [".lock", "gguf", "synthetic-small"]
     assert check_converted(folder, parse_recipe(raw), model, rehash=True) == []
+    assert all(path.stat().st_mode & 0o444 == 0o444 for path in folder.iterdir())  # others can serve it
 
     converted = AutoModelForCausalLM.from_pretrained(folder)
     weights = converted.state_dict()
