@@ -57,6 +57,11 @@ def ensure_real_pair(dest: Path | None = None, progress: bool = True, *, force: 
     unknown = [role for role in roles if role not in recipe.models]
     if unknown:
         raise InstallError(f"unknown role(s) {unknown}; recipe {recipe.name} has {list(recipe.models)}")
+    paths = {role: dest / recipe.models[role].name for role in roles}
+    if not force and not any(check_converted(paths[role], recipe, recipe.models[role]) for role in roles):
+        for path in paths.values():
+            log.info("already installed: %s", path)
+        return paths  # nothing to write: works on a read-only models dir, takes no lock
     with install_lock(dest):
         return {role: ensure_model(recipe, recipe.models[role], dest, force=force, progress=progress,
                                    pip_options=pip_options) for role in roles}

