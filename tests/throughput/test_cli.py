@@ -1,0 +1,50 @@
+"""`tokenrouter throughput`: the paper preset, file input, single-B prediction, errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tokenrouter_tools.cli import main
+
+
+def _best(output: str) -> list[str]:
+    return re.findall(r"B\* = (\[[\d, ]+\])", output)
+
+
+def test_paper_preset_reproduces_the_paper(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["throughput", "--paper"]) == 0
+    out = capsys.readouterr().out
+    assert _best(out) == ["[1, 2]", "[1, 2]", "[1, 3]"]
+    assert re.search(r"\* \[1, 3\]\s+207\.9\d", out)  # N = 4
+
+
+def test_file_input_with_flag_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "pair.json"
+    spec.write_text(json.dumps({"P": [[1, 0], [1, 0]], "C": [[1, 0], [1, 0]], "L_ms": [5.0, [20.0, 21.0]],
+                                "delta_ms": 1.0, "N": 2}))
+    assert main(["throughput", "--file", str(spec), "--B", "1", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\* \[1, 1\]\s+400\.00", out)  # no routing: 2 rows per 5 ms step
+
+
+def test_yaml_file_and_top(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "pair.yaml"
+    spec.write_text("P: [[0.65, 0.35], [1, 0]]\nC: [[1, 0], [1, 0]]\nL_ms: [6.0, 27.9]\ndelta_ms: 0.1\nN: [4]\n")
+    assert main(["throughput", "--file", str(spec), "--top", "2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.lstrip("* ").startswith("[")]
+    assert rows[0].startswith("* [1, 3]") and len(rows) == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--P", "0.5,0.4;1,0", "--C", "1,0;1,0", "--L-ms", "6", "28", "--delta-ms", "1", "--N", "2"], "sum to 1"),
+    (["--paper", "--L-ms", "6.05", "27.9"], "whole multiple"),
+    (["--paper", "--B", "3", "3", "--N", "4"], "deadlock"),
+    (["--P", "1,0;1,0"], "missing"),
+])
+def test_errors_exit_2_with_a_message(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["throughput", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,97 @@
+"""`tokenrouter throughput`: predicted throughput over delayed-batching thresholds B, and B*.
+
+Inputs come from flags or a YAML/JSON file (keys P, C, L_ms, delta_ms, N, B; flags override), or
+``--paper`` for the TokenRouter paper's example (R2R, Qwen3-0.6B/32B on A100). Latencies are in
+milliseconds here; an L entry may be a list, one latency per batch size 1..N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tokenrouter.throughput import best_thresholds, predict
+from tokenrouter.throughput.montecarlo import simulate
+
+PAPER: dict[str, Any] = {"P": [[0.65, 0.35], [1.0, 0.0]], "C": [[1, 0], [1, 0]], "L_ms": [6.0, 27.9],
+                         "delta_ms": 0.1, "N": [2, 3, 4]}
+
+
+def _matrix(text: str) -> list[list[float]]:
+    """'0.65,0.35;1,0' -> [[0.65, 0.35], [1.0, 0.0]]"""
+    try:
+        return [[float(x) for x in row.split(",")] for row in text.split(";")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a matrix like '0.65,0.35;1,0'") from None
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--paper", action="store_true", help="the paper's example: p=0.35, L=6.0/27.9 ms, N=2,3,4")
+    parser.add_argument("--file", type=Path, help="YAML or JSON with P, C, L_ms, delta_ms, N and optionally B")
+    parser.add_argument("--P", type=_matrix, help="routing probabilities, rows ';'-separated: '0.65,0.35;1,0'")
+    parser.add_argument("--C", type=_matrix, help="committed tokens per transition, same layout as --P")
+    parser.add_argument("--L-ms", dest="L_ms", type=float, nargs="+", help="step latency per model (ms)")
+    parser.add_argument("--delta-ms", dest="delta_ms", type=float, help="time grid (ms); must divide every latency")
+    parser.add_argument("--N", type=int, nargs="+", help="concurrent requests (one or more)")
+    parser.add_argument("--B", type=int, nargs="+", help="predict only these thresholds instead of searching")
+    parser.add_argument("--snap", action="store_true", help="round latencies to the grid instead of failing")
+    parser.add_argument("--top", type=int, default=0, help="print only the best TOP rows per N (default: all)")
+    parser.add_argument("--monte-carlo", dest="monte_carlo", type=int, default=0, metavar="EVENTS",
+                        help="add a discrete-event simulation column with this many batch completions")
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    values: dict[str, Any] = dict(PAPER) if args.paper else {}
+    if args.file:
+        loaded = yaml.safe_load(args.file.read_text())
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{args.file}: expected a mapping with P, C, L_ms, delta_ms, N")
+        values.update(loaded)
+    values.update({key: getattr(args, key) for key in ("P", "C", "L_ms", "delta_ms", "N", "B")
+                   if getattr(args, key) is not None})
+    missing = [key for key in ("P", "C", "L_ms", "delta_ms", "N") if key not in values]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}: give --paper, --file or the flags")
+    values["N"] = [values["N"]] if isinstance(values["N"], int) else list(values["N"])
+    values["L"] = [[x / 1e3 for x in entry] if isinstance(entry, list) else entry / 1e3 for entry in values["L_ms"]]
+    values["delta"] = values["delta_ms"] / 1e3
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        values = _inputs(args)
+        print(f"P = {values['P']}\nC = {values['C']}\nL = {values['L_ms']} ms, delta = {values['delta_ms']} ms")
+        for n in values["N"]:
+            _report(values, n, args)
+    except (ValueError, OSError, yaml.YAMLError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _report(values: dict[str, Any], n: int, args: argparse.Namespace) -> None:
+    P, C, L, delta = values["P"], values["C"], values["L"], values["delta"]
+    started = time.perf_counter()
+    if values.get("B"):
+        best = tuple(values["B"])
+        table = {best: predict(P, C, L, values["B"], n, delta, snap=args.snap)}
+    else:
+        best_list, table = best_thresholds(P, C, L, n, delta, snap=args.snap)
+        best = tuple(best_list)
+    elapsed = time.perf_counter() - started
+    shown = sorted(table, key=lambda B: -table[B])[:args.top] if args.top > 0 else sorted(table)
+    print(f"\nN = {n}  ({len(table)} thresholds, {elapsed:.2f} s)")
+    header = f"  {'B':<14}{'tokens/s':>10}"
+    print(header + (f"{'simulated':>12}" if args.monte_carlo else ""))
+    for B in shown:
+        line = f"{'*' if B == best else ' '} {str(list(B)):<14}{table[B]:>10.2f}"
+        if args.monte_carlo:
+            line += f"{simulate(P, C, L, B, n, events=args.monte_carlo):>12.2f}"
+        print(line)
+    print(f"B* = {list(best)}  ({table[best]:.2f} tokens/s)")
