@@ -24,14 +24,16 @@ LAYOUT_KWARG = "paged_layout"
 
 
 class PagedKVCache:
-    """Per-layer key and value tensors of shape [num_blocks * block_size, kv_heads, head_dim].
+    """Per-layer key and value tensors of shape [num_blocks, block_size, kv_heads, head_dim].
 
-    Zero-filled so that slots a mask hides still hold finite numbers (0 * NaN would poison SDPA).
+    Attention gathers whole blocks (contiguous runs of block_size * kv_heads * head_dim values), which
+    is much cheaper than gathering token by token. Zero-filled so that the masked tail of a row's
+    last block always holds finite numbers (0 * NaN would poison SDPA).
     """
 
-    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        shape = (num_slots, kv_heads, head_dim)
+        shape = (num_blocks, block_size, kv_heads, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
@@ -40,18 +42,19 @@ class PagedKVCache:
 class StepLayout:
     """Where one step's tokens go in the pool and what each query may see.
 
-    Rows are padded to ``max_query`` queries and ``max_context`` keys for one batched SDPA call;
-    padded queries repeat the row's last query (their outputs are dropped), padded keys are masked.
+    Rows are padded to ``max_query`` queries and ``max_blocks * block_size`` keys for one batched
+    SDPA call; padded queries repeat the row's last query (their outputs are dropped), keys past a
+    row's context (its last block's tail, padding blocks) are masked.
     """
 
     cache: PagedKVCache
     positions: torch.Tensor  # [T] context position of each new token (the model's position ids)
     last_index: torch.Tensor  # [R] packed index of each row's last new token
-    slot_mapping: torch.Tensor  # [T] pool slot of each new token
-    context_slots: torch.Tensor  # [R, max_context] pool slot of each context position (0 = pad)
-    query_index: torch.Tensor  # [R, max_query] packed index of each row's queries (padded by repeat)
-    output_index: torch.Tensor  # [T] index into [R * max_query] for each packed token
-    mask: torch.Tensor  # bool [R, 1, max_query, max_context]: query may attend key
+    slot_mapping: torch.Tensor  # [T] flat pool slot (block * block_size + offset) of each new token
+    block_tables: torch.Tensor  # [R, max_blocks] each row's blocks in context order (padded with 0)
+    query_index: torch.Tensor | None  # [R, max_query] packed index of each row's queries; None: 1 per row
+    output_index: torch.Tensor | None  # [T] index into [R * max_query] per packed token; None: 1 per row
+    mask: torch.Tensor  # bool [R, 1, max_query, max_blocks * block_size]: query may attend key
 
     @classmethod
     def build(cls, cache: PagedKVCache, block_tables: Sequence[Sequence[int]], starts: Sequence[int],
@@ -61,36 +64,32 @@ class StepLayout:
         counts_t = torch.tensor(counts, dtype=torch.long)
         rows = len(counts)
         max_query = int(counts_t.max())
-        context_lens = starts_t + counts_t
-        max_context = int(context_lens.max())
 
         max_blocks = max(len(table) for table in block_tables)
         tables = torch.zeros(rows, max_blocks, dtype=torch.long)
         for row, table in enumerate(block_tables):
             tables[row, : len(table)] = torch.tensor(table, dtype=torch.long)
-        key_pos = torch.arange(max_context)
-        context_slots = tables[:, key_pos // block_size] * block_size + key_pos % block_size
-        context_slots = context_slots.masked_fill(key_pos >= context_lens[:, None], 0)
 
         offsets = torch.cumsum(counts_t, 0) - counts_t  # first packed index of each row
         query_j = torch.minimum(torch.arange(max_query)[None, :], (counts_t - 1)[:, None])
-        query_index = offsets[:, None] + query_j
         query_pos = starts_t[:, None] + query_j  # [R, max_query]
+        key_pos = torch.arange(max_blocks * block_size)
         mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]
 
         row_of_token = torch.repeat_interleave(torch.arange(rows), counts_t)
         j_of_token = torch.arange(int(counts_t.sum())) - offsets[row_of_token]
         positions = starts_t[row_of_token] + j_of_token
         slot_mapping = tables[row_of_token, positions // block_size] * block_size + positions % block_size
+        decode_only = max_query == 1  # packed token r is row r's only query: no reshuffling needed
 
         return cls(
             cache=cache,
             positions=positions.to(device),
             last_index=(offsets + counts_t - 1).to(device),
             slot_mapping=slot_mapping.to(device),
-            context_slots=context_slots.to(device),
-            query_index=query_index.to(device),
-            output_index=(row_of_token * max_query + j_of_token).to(device),
+            block_tables=tables.to(device),
+            query_index=None if decode_only else (offsets[:, None] + query_j).to(device),
+            output_index=None if decode_only else (row_of_token * max_query + j_of_token).to(device),
             mask=mask.to(device),
         )
 
@@ -115,16 +114,22 @@ def paged_attention_forward(
     layer = module.layer_idx
     key_pool, value_pool = layout.cache.keys[layer], layout.cache.values[layer]
     # Write first, then gather: each row's context then includes its own new tokens.
-    key_pool.index_copy_(0, layout.slot_mapping, key[0].transpose(0, 1))
-    value_pool.index_copy_(0, layout.slot_mapping, value[0].transpose(0, 1))
+    kv_heads, head_dim = key_pool.shape[2:]
+    key_pool.view(-1, kv_heads, head_dim).index_copy_(0, layout.slot_mapping, key[0].transpose(0, 1))
+    value_pool.view(-1, kv_heads, head_dim).index_copy_(0, layout.slot_mapping, value[0].transpose(0, 1))
 
-    q = query[0].transpose(0, 1)[layout.query_index].transpose(1, 2)  # [R, H, Q, D]
-    k = key_pool[layout.context_slots].transpose(1, 2)  # [R, KVH, L, D]
-    v = value_pool[layout.context_slots].transpose(1, 2)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, scale=scaling,
-                                         enable_gqa=k.shape[1] != q.shape[1])
-    rows, heads, max_query, head_dim = out.shape
-    out = out.transpose(1, 2).reshape(rows * max_query, heads, head_dim)[layout.output_index]
+    rows, max_blocks = layout.block_tables.shape
+    flat_tables = layout.block_tables.flatten()
+    k = key_pool.index_select(0, flat_tables).view(rows, -1, kv_heads, head_dim).transpose(1, 2)  # [R, KVH, L, D]
+    v = value_pool.index_select(0, flat_tables).view(rows, -1, kv_heads, head_dim).transpose(1, 2)
+    q = query[0].transpose(0, 1)  # [T, H, D]
+    q = q[:, None] if layout.query_index is None else q[layout.query_index]  # [R, Q, H, D]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=layout.mask, scale=scaling,
+                                         enable_gqa=kv_heads != q.shape[2])
+    heads = out.shape[1]
+    out = out.transpose(1, 2).reshape(-1, heads, head_dim)  # [R * Q, H, D]
+    if layout.output_index is not None:
+        out = out[layout.output_index]
     return out.unsqueeze(0), None
 
 

@@ -17,7 +17,7 @@ from ..config import ModelSpec
 from .base import Engine, SeqId, StepResult, StepRow, UnknownSequence
 from .kv_pool import BlockPool
 from .loader import load_causal_lm, resolve_device
-from .paged_attention import LAYOUT_KWARG, PagedKVCache, StepLayout
+from .paged_attention import ATTN_IMPLEMENTATION, LAYOUT_KWARG, PagedKVCache, StepLayout
 from .sampling import sample_tokens
 
 
@@ -26,6 +26,7 @@ class TorchEngine(Engine):
                  threads: int | None = None) -> None:
         self.name = name
         self.model = model
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
         self.threads = threads
         config = model.config
         self._device = next(model.parameters()).device
@@ -33,7 +34,7 @@ class TorchEngine(Engine):
         self._config = config
         self._pool = BlockPool(num_blocks, block_size)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self._cache = PagedKVCache(config.num_hidden_layers, num_blocks * block_size, config.num_key_value_heads,
+        self._cache = PagedKVCache(config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
                                    head_dim, self._dtype, self._device)
         self._eos = _eos_ids(model)
         # torch's intra-op thread count is per OS thread: set it once in each thread that steps us.
@@ -99,7 +100,8 @@ class TorchEngine(Engine):
         """Copies of the sequence's cached keys and values in ``layer``, each [num_cached, kv_heads, head_dim]."""
         slots = torch.tensor(self._pool.slots(seq_id, 0, self._pool.length(seq_id)), dtype=torch.long,
                              device=self._device)
-        return self._cache.keys[layer][slots].cpu(), self._cache.values[layer][slots].cpu()
+        keys, values = (pool[layer].flatten(0, 1)[slots].cpu() for pool in (self._cache.keys, self._cache.values))
+        return keys, values
 
     # --- sequences ------------------------------------------------------------------------------
     def add_sequence(self, seq_id: SeqId) -> None:
@@ -162,6 +164,8 @@ class TorchEngine(Engine):
         return result
 
     def _validate(self, rows: Sequence[StepRow], top_logits: int) -> None:
+        if self._config._attn_implementation != ATTN_IMPLEMENTATION:
+            raise RuntimeError(f"engine '{self.name}': the model's attention was switched away from the paged hook")
         if not rows:
             raise ValueError("a step needs at least one row")
         if not 0 <= top_logits <= self.vocab_size:
