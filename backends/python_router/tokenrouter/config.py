@@ -85,6 +85,16 @@ class PolicySpec(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     weights: str | None = Field(None, description="directory or file with the policy's trained weights")
 
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        from .policies.base import registered_policies  # the registry imports torch: only when validating
+
+        known = registered_policies()
+        if value not in known:
+            raise ValueError(f"unknown policy '{value}'; allowed: {', '.join(sorted(known))}")
+        return value
+
 
 class SchedulingSpec(_Strict):
     strategy: Literal["tokenrouter", "eager_async", "step_sync", "model_sync"] = "tokenrouter"
@@ -177,7 +187,7 @@ def _format_errors(err: ValidationError) -> str:
     lines = []
     for item in err.errors():
         where = ".".join(str(part) for part in item["loc"]) or "config"
-        lines.append(f"{where}: {item['msg']}")
+        lines.append(f"{where}: {item['msg'].removeprefix('Value error, ')}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

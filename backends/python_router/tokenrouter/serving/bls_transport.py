@@ -96,4 +96,7 @@ class BlsTransport(Transport):
                 self._on_failure(rid, f"could not reach model '{peer}': {error}")
             return
         if self._on_round_trip is not None:
-            self._on_round_trip(time.monotonic() - start)
+            try:
+                self._on_round_trip(time.monotonic() - start)
+            except Exception:  # metrics must never stop the sender thread
+                log.exception("recording the peer round trip failed")

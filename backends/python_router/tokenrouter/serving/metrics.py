@@ -20,7 +20,9 @@ class SubserverMetrics:
     def __init__(self, pb_utils: Any, server: Subserver, period_s: float = 0.5) -> None:
         family = pb_utils.MetricFamily
         model = {"model": server.name}
-        families: dict[str, Any] = {}
+        # Triton requires a family to outlive its metrics: keep every family referenced.
+        self._families: dict[str, Any] = {}
+        families = self._families
 
         def make(name: str, description: str, kind, labels: dict[str, str] | None = None, **kwargs):
             if name not in families:  # one family per name; label sets tell its metrics apart
