@@ -1,0 +1,66 @@
+"""Invariant 1 for the policies that test_oracle.py leaves out (trained routers, ensemble,
+GlimpRouter, query-level): the served runtime's greedy output, batched, equals the naive
+one-request-at-a-time reference token for token, and every policy does route."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenrouter.policies.networks import build_network, save_router
+from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.messages import RequestSpec
+from tokenrouter.runtime.reference import reference_generate
+
+MAX_TOKENS = 16
+HEAD = {"kind": "hidden_head", "hidden_size": 64, "width": 32, "depth": 1}
+R2R = {"kind": "r2r", "hidden_size": 64, "vocab_size": 4096, "top_k": 16, "d_model": 16, "depth": 1, "expansion": 2}
+
+
+def write_router(directory: Path, algorithm: str, architecture: dict) -> Path:
+    """A seeded random router with a widened output layer, so that scores spread over (0, 1) and
+    few land near the threshold (the test is about the runtime, not about routing quality)."""
+    torch.manual_seed(0)
+    network = build_network(architecture)
+    with torch.no_grad():
+        last = network.head if algorithm == "r2r" else network.mlp[-1]
+        last.weight.mul_(20.0)
+        if algorithm == "r2r":
+            network.token_embedding.normal_(0.0, 1.0)
+    return save_router(directory, network, {"algorithm": algorithm, "architecture": architecture, "threshold": 0.5})
+
+
+CASES = {
+    "citer": ({}, HEAD),
+    "co_llm": ({}, HEAD),
+    "r2r": ({}, R2R),
+    "ensemble": ({"weights": [0.6, 0.4]}, None),
+    "glimp": ({"threshold": 0.35, "step_end_ids": list(range(0, 4096, 5))}, None),
+    "query_level": ({"mode": "entropy", "threshold": 0.02}, None),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_routed_output_equals_naive_reference(name, tiny_config, mixed_prompts, references, tmp_path):
+    params, architecture = CASES[name]
+    config = tiny_config(name, params, slm_b=1, llm_b=[1, 2])
+    if architecture is not None:
+        config["policy"]["weights"] = str(write_router(tmp_path / name, name, architecture))
+    prompts = mixed_prompts(12, seed=5)
+    with TokenRoutingEngine.from_config(config) as engine:
+        results = engine.generate(prompts, max_tokens=MAX_TOKENS, timeout=120)
+        end_ids = sorted(engine.engines["slm"].eos_token_ids)
+        for prompt, result in zip(prompts, results):
+            spec = RequestSpec(prompt_len=len(prompt), max_tokens=MAX_TOKENS, end_ids=end_ids)
+            tokens, origins, reason = reference_generate(references, engine.policy, "slm", prompt, spec,
+                                                         max_model_len=engine.max_model_len)
+            assert result.token_ids == tokens, f"prompt {prompt}"
+            assert result.models == [engine.config.model_names[o] for o in origins]
+            assert result.finish_reason == reason
+        assert any(result.large_model_share > 0 for result in results), "the policy never routed"
+        if name != "ensemble":  # the ensemble's last model (the large one) commits every token
+            assert any(result.large_model_share < 1 for result in results), "the policy never stayed"
+        if name == "query_level":
+            assert all(len(set(result.models)) == 1 for result in results)  # one model per request
