@@ -1,0 +1,211 @@
+"""The real thing end to end: a Triton server on loopback serving the tiny pair through the
+python_router subservers (BLS handoffs between two stub processes).
+
+Served output must equal the embedded TokenRoutingEngine's for the same prompt, policy and seed;
+cancelled streams must leave both KV pools empty; bad input fails only its own request; the
+metrics port shows the routing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import re
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tokenrouter import TokenRoutingEngine
+from tokenrouter.serving.repository import ENSEMBLE, render_repository
+
+from .clients import grpc_inputs, grpc_stream, http_generate, http_generate_stream, texts
+
+PROMPTS = ["def add(a, b):", "import os\nfor name in", "class Stack:\n    def push(self, item):",
+           "# sort a list of numbers\n", "while True:", "x = [i * i for i in range(10)]\nprint("]
+MAX_MODEL_LEN = 512
+
+
+def routing_config(pair: dict[str, Path], policy: str = "random", params: dict | None = None) -> dict:
+    return {
+        "models": {
+            "slm": {"path": str(pair["small"]), "kv_cache_tokens": 4096, "block_size": 8, "max_batch_size": 16},
+            "llm": {"path": str(pair["large"]), "kv_cache_tokens": 4096, "block_size": 8, "max_batch_size": 16,
+                    "batch_threshold": [1, 2]},
+        },
+        "policy": {"name": policy, "params": params if params is not None else {"rate": 0.3, "seed": 11}},
+        "scheduling": {"strategy": "tokenrouter", "max_wait_ms": 5, "max_active": 64},
+        "max_model_len": MAX_MODEL_LEN,
+    }
+
+
+@pytest.fixture(scope="module")
+def config(tiny_pair) -> dict:
+    return routing_config(tiny_pair)
+
+
+@pytest.fixture(scope="module")
+def server(start_server, config, tmp_path_factory):
+    return start_server(render_repository(config, tmp_path_factory.mktemp("routing-repo")))
+
+
+@pytest.fixture(scope="module")
+def embedded(config):
+    with TokenRoutingEngine.from_config(config) as engine:
+        yield engine
+
+
+def metrics(server) -> dict[str, float]:
+    """tokenrouter_* samples from the metrics port, keyed by 'name{labels}'."""
+    host = server.http_url.rsplit(":", 1)[0]
+    text = urllib.request.urlopen(f"http://{host}:{server.ports.metrics}/metrics", timeout=10).read().decode()
+    samples = {}
+    for line in text.splitlines():
+        match = re.match(r"^(tokenrouter_\w+)(\{[^}]*\})? ([0-9.eE+-]+)$", line)
+        if match:
+            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return samples
+
+
+def wait_for_idle_pools(server, timeout_s: float = 30.0) -> dict[str, float]:
+    """Poll until no model holds a request or a KV block (metrics refresh twice a second)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = metrics(server)
+        busy = {k: v for k, v in samples.items()
+                if k.startswith(("tokenrouter_kv_blocks_used", "tokenrouter_pending_requests",
+                                 "tokenrouter_running_requests", "tokenrouter_active_requests")) and v != 0}
+        if not busy or time.monotonic() > deadline:
+            return busy
+        time.sleep(0.25)
+
+
+def stream_ids(server, prompt: str, **params) -> tuple[list[int], list[str], str]:
+    responses = grpc_stream(server.grpc_url, grpc_inputs(text_input=prompt, stream=True, **params))
+    ids = [int(t) for r in responses for t in r["output_ids"].reshape(-1)]
+    models = [m.decode() for r in responses for m in r["output_models"].reshape(-1)]
+    return ids, models, responses[-1]["finish_reason"].reshape(-1)[0].decode()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:3])
+def test_grpc_stream_and_http_generate_equal_the_embedded_engine(server, embedded, prompt):
+    expected = embedded.generate(prompt, max_tokens=24, seed=5)[0]
+    assert expected.token_ids and set(expected.models) <= {"slm", "llm"}
+
+    ids, models, reason = stream_ids(server, prompt, max_tokens=24, random_seed=5)
+    assert (ids, models, reason) == (expected.token_ids, expected.models, expected.finish_reason)
+
+    reply = http_generate(server.http_url, {"text_input": prompt, "max_tokens": 24, "random_seed": 5})
+    assert reply["output_ids"] == expected.token_ids
+    assert reply["output_models"] == expected.models
+    assert reply["text_output"] == expected.text
+    assert reply["large_model_share"] == pytest.approx(expected.large_model_share)
+
+
+def test_sampled_output_is_reproducible_and_matches_embedded(server, embedded):
+    params = {"max_tokens": 20, "temperature": 0.8, "top_p": 0.9, "top_k": 50, "random_seed": 1234}
+    expected = embedded.generate(PROMPTS[3], max_tokens=20, temperature=0.8, top_p=0.9, top_k=50, seed=1234)[0]
+    ids, models, _ = stream_ids(server, PROMPTS[3], **params)
+    assert ids == expected.token_ids and models == expected.models
+
+
+def test_http_generate_stream_text_adds_up(server, embedded):
+    expected = embedded.generate(PROMPTS[4], max_tokens=16, seed=2)[0]
+    events = http_generate_stream(server.http_url, {"text_input": PROMPTS[4], "max_tokens": 16,
+                                                    "random_seed": 2, "stream": True})
+    assert "".join(e["text_output"] for e in events) == expected.text
+    assert events[-1]["finish_reason"] == expected.finish_reason
+
+
+def test_sixteen_concurrent_streams_complete_with_attribution(server, embedded):
+    prompts = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(16)]
+    expected = embedded.generate(prompts, max_tokens=24, seed=3)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        served = list(pool.map(lambda p: stream_ids(server, p, max_tokens=24, random_seed=3), prompts))
+    for (ids, models, reason), want in zip(served, expected):
+        assert ids == want.token_ids and models == want.models and reason == want.finish_reason
+    assert any("llm" in models for _, models, _ in served)
+
+
+def test_handoffs_show_on_the_metrics_port(server):
+    stream_ids(server, PROMPTS[5], max_tokens=24, random_seed=9)
+    time.sleep(0.7)  # one metrics refresh
+    samples = metrics(server)
+    assert samples['tokenrouter_handoffs_total{direction="out",model="slm"}'] > 0
+    assert samples['tokenrouter_handoffs_total{direction="in",model="llm"}'] > 0
+    assert samples['tokenrouter_tokens_total{model="llm"}'] > 0
+    assert 0 < samples['tokenrouter_large_model_token_share{model="slm"}'] < 1
+    assert any(k.startswith("tokenrouter_batch_size_count") for k in samples)
+
+
+def test_cancelling_fifty_streams_frees_both_pools(server):
+    started = threading.Barrier(51)
+    clients = []
+
+    def open_stream(i: int) -> grpcclient.InferenceServerClient:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        first = queue.Queue()
+        client.start_stream(callback=lambda result, error: first.put(error))
+        client.async_stream_infer(ENSEMBLE, grpc_inputs(text_input=PROMPTS[i % len(PROMPTS)], max_tokens=400,
+                                                        stream=True, random_seed=i))
+        assert first.get(timeout=120) is None  # generation is under way
+        clients.append(client)
+        started.wait()
+        return client
+
+    with concurrent.futures.ThreadPoolExecutor(50) as pool:
+        futures = [pool.submit(open_stream, i) for i in range(50)]
+        started.wait(timeout=300)
+        busy = metrics(server)
+        assert sum(v for k, v in busy.items() if k.startswith("tokenrouter_kv_blocks_used")) > 0
+        for client in clients:
+            client.stop_stream(cancel_requests=True)
+        for future in futures:
+            future.result().close()
+    assert wait_for_idle_pools(server) == {}
+    ids, _, reason = stream_ids(server, PROMPTS[0], max_tokens=8)
+    assert len(ids) == 8 and reason == "length"  # the server still answers
+
+
+BAD_INPUTS = [
+    ({"text_input": ""}, "empty"),
+    ({"max_tokens": 8}, "text_input"),
+    ({"text_input": "word " * 2000}, "limit"),
+    ({"text_input": "x", "max_tokens": 0}, "max_tokens"),
+    ({"text_input": "x", "max_tokens": 10**6}, "context"),
+    ({"text_input": "x", "temperature": -0.5}, "temperature"),
+    ({"text_input": "x", "top_p": 0.0}, "top_p"),
+    ({"text_input": "x", "top_p": 1.5}, "top_p"),
+    ({"text_input": "x", "top_k": -3}, "top_k"),
+]
+
+
+@pytest.mark.parametrize("inputs,match", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_bad_input_fails_alone_while_a_good_request_completes(server, embedded, inputs, match):
+    expected = embedded.generate(PROMPTS[1], max_tokens=32, seed=4)[0]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        good = pool.submit(stream_ids, server, PROMPTS[1], max_tokens=32, random_seed=4)
+        with pytest.raises(InferenceServerException, match=match):
+            grpc_stream(server.grpc_url, grpc_inputs(**{"max_tokens": 8, **inputs}))
+        assert good.result(timeout=120)[0] == expected.token_ids
+
+
+def test_wrong_dtype_and_batch_are_refused(server):
+    wrong_dtype = grpcclient.InferInput("max_tokens", [1, 1], "FP32")
+    wrong_dtype.set_data_from_numpy(__import__("numpy").array([[8.0]], dtype="float32"))
+    with pytest.raises(InferenceServerException, match="(?i)data-type|datatype|dtype|expected"):
+        grpc_stream(server.grpc_url, grpc_inputs(text_input="x") + [wrong_dtype])
+    two = grpc_inputs(text_input=["a", "b"], max_tokens=4)
+    with pytest.raises(InferenceServerException):
+        grpc_stream(server.grpc_url, two)
+
+
+def test_unknown_policy_fails_the_load_with_a_clear_error(tiny_pair, tmp_path):
+    from tokenrouter.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown policy 'no_such_policy'"):
+        render_repository(routing_config(tiny_pair, "no_such_policy", {}), tmp_path / "repo")
