@@ -44,35 +44,59 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _launch(*args: str) -> tuple[subprocess.Popen, Ports]:
+    """`tokenrouter serve ARGS` on free ports, returned once it says it is ready."""
+    ports = Ports.free()
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tokenrouter_tools.cli", "serve", *args, f"--http-port={ports.http}",
+         f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}", "--triton-arg=--exit-timeout-secs=5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    for line in launcher.stdout:  # forwarded server log, then the ready line
+        lines.append(line)
+        if "tokenrouter serve: ready" in line:
+            return launcher, ports
+    launcher.wait()
+    pytest.fail("serve exited before ready:\n" + "".join(lines[-30:]))
+
+
+def _stop_and_check(launcher: subprocess.Popen, sig: signal.Signals, server_pids: list[int]) -> None:
+    launcher.send_signal(sig)
+    rest, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, rest[-3000:]
+    assert "stopping tritonserver" in rest
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in server_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in server_pids)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_serve_runs_a_repository_and_stops_without_orphans(sig: signal.Signals, tiny_tokenizer: Path,
                                                            tmp_path: Path) -> None:
     repo = render_echo_repository(tmp_path / "repo", tiny_tokenizer)
-    ports = Ports.free()
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "tokenrouter_tools.cli", "serve", "--model-repository", str(repo),
-         f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}",
-         "--triton-arg=--exit-timeout-secs=5"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
+    launcher, ports = _launch("--model-repository", str(repo))
     try:
-        for line in launcher.stdout:  # forwarded server log, then the ready line
-            lines.append(line)
-            if "tokenrouter serve: ready" in line:
-                break
-        else:
-            pytest.fail("serve exited before ready:\n" + "".join(lines[-30:]))
         server_pids = _descendants(launcher.pid)
         assert len(server_pids) >= 4, "expected tritonserver and a stub per Python model"
         assert http_generate(f"127.0.0.1:{ports.http}", {"text_input": "hello"})["text_output"] == "hello"
-        launcher.send_signal(sig)
-        rest, _ = launcher.communicate(timeout=60)
-        assert launcher.returncode == 0, rest[-3000:]
-        assert "stopping tritonserver" in rest
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in server_pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not any(_alive(pid) for pid in server_pids)
+        _stop_and_check(launcher, sig, server_pids)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_serve_tiny_routes_between_both_models(tmp_path: Path) -> None:
+    """--tiny renders configs/tiny.yaml with the tiny pair (here into tmp_path) and serves it."""
+    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"))
+    try:
+        server_pids = _descendants(launcher.pid)
+        reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": "def add(a, b):", "max_tokens": 24})
+        assert reply["finish_reason"] == "length" and len(reply["output_ids"]) == 24
+        assert set(reply["output_models"]) == {"slm", "llm"}  # random policy, rate 0.3: both write
+        assert 0.0 < reply["large_model_share"] < 1.0
+        _stop_and_check(launcher, signal.SIGTERM, server_pids)
     finally:
         if launcher.poll() is None:
             launcher.kill()

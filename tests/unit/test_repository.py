@@ -135,9 +135,10 @@ def test_ensemble_wiring_is_consistent(tmp_path: Path) -> None:
     assert [s.model_name for s in ensemble.ensemble_scheduling.step][1] == "small"
 
 
-def test_tiny_config_renders(tmp_path: Path) -> None:
-    render_repository(ROOT / "configs" / "tiny.yaml", tmp_path / "repo")
-    assert read_model_config(tmp_path / "repo" / "router").parameters["role"].string_value == "router"
+@pytest.mark.parametrize("config", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_config_renders_and_reads_back(config: Path, tmp_path: Path) -> None:
+    loaded = load_config(config)
+    assert read_repository(render_repository(loaded, tmp_path / "repo")) == loaded
 
 
 def test_committed_repository_is_what_the_default_config_renders(tmp_path: Path) -> None:
