@@ -172,3 +172,13 @@ def test_bad_inputs_raise_clear_errors(kwargs, message) -> None:
     args = dict(P=PAPER_P, C=PAPER_C, L=PAPER_L, B=[1, 2], N=4, delta=DELTA) | kwargs
     with pytest.raises(ValueError, match=message):
         predict(**args)
+
+
+def test_linear_solve_falls_back_to_lu_when_bicgstab_breaks_down() -> None:
+    from scipy import sparse
+
+    from tokenrouter.throughput.model import _linear_solve
+
+    # BiCGSTAB breaks down on this permutation system at the first step.
+    swap = sparse.csc_matrix(np.array([[0.0, 1.0], [1.0, 0.0]]))
+    assert _linear_solve(swap, np.array([1.0, 0.0])).tolist() == [0.0, 1.0]

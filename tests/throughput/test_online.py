@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from typing import Iterator
 
@@ -104,6 +105,31 @@ def test_decoding_loop_calls_stay_cheap_during_a_solve() -> None:
         assert np.median(durations) < 1e-3
     finally:
         auto.close()
+
+
+def _wake_up_delays(yield_gil: bool) -> list[float]:
+    """How late a thread sleeping 1 ms at a time wakes up while a solve runs next to it."""
+    done = threading.Event()
+
+    def solver() -> None:
+        best_thresholds([[0.65, 0.35], [1, 0]], [[1, 0], [1, 0]], [6.1e-3, 27.9e-3], 10, 27.9e-5, snap=True,
+                        yield_gil=yield_gil)
+        done.set()
+
+    thread = threading.Thread(target=solver)
+    thread.start()
+    delays = []
+    while not done.is_set():
+        started = time.perf_counter()
+        time.sleep(0.001)
+        delays.append(time.perf_counter() - started - 0.001)
+    thread.join()
+    return delays
+
+
+def test_the_solver_thread_lets_decoding_threads_in() -> None:
+    # Without yielding, a woken thread waits for the GIL up to the 5 ms switch interval.
+    assert np.median(_wake_up_delays(True)) < 0.75 * np.median(_wake_up_delays(False))
 
 
 def test_close_stops_the_thread(auto: AutoThresholds) -> None:

@@ -151,8 +151,12 @@ class _Builder:
 
 
 def build_chain(P: np.ndarray, C: np.ndarray, grid: Grid, B: tuple[int, ...], N: int,
-                max_states: int) -> Chain:
-    """Reachable states from all N requests waiting at the entry model (model 0), with T, tau, reward."""
+                max_states: int, *, yield_gil: bool = False) -> Chain:
+    """Reachable states from all N requests waiting at the entry model (model 0), with T, tau, reward.
+
+    ``yield_gil`` releases the GIL every few states, for a background thread next to decoding
+    loops: this loop is pure Python and would otherwise hold it for up to the 5 ms switch interval.
+    """
     builder = _Builder(P, C, grid, B, N)
     M, W = builder.M, builder.W
     index: dict[int, int] = {builder.initial(): 0}
@@ -181,8 +185,8 @@ def build_chain(P: np.ndarray, C: np.ndarray, grid: Grid, B: tuple[int, ...], N:
             cols.append(column)
         if len(codes) > max_states:
             raise StateSpaceTooLarge(f"more than {max_states} reachable states")
-        if position % _YIELD_EVERY == 0:
-            time.sleep(0)  # pure-Python loop: let other threads (decoding loops) take the GIL
+        if yield_gil and position % _YIELD_EVERY == 0:
+            time.sleep(0)
         rows.extend([position] * len(targets))
         probs.extend(move_probs)
     n = len(states)

@@ -157,7 +157,8 @@ class AutoThresholds:
         for n in order:
             if self._stop.is_set():
                 return
-            best, _ = best_thresholds(estimates.P, estimates.C, list(estimates.L[:, :n]), n, delta, snap=True)
+            best, _ = best_thresholds(estimates.P, estimates.C, list(estimates.L[:, :n]), n, delta, snap=True,
+                                      yield_gil=True)
             self._table = {**self._table, n: tuple(best)}
         self._solved = estimates
         with self._done:
