@@ -90,6 +90,14 @@ def prepare_repository(args: argparse.Namespace) -> Path:
     return _render(config, None, DEFAULT_CONFIG.stem)
 
 
+def _remove_stale_runtime_dirs() -> None:
+    """Backend folders of launchers that were killed before they could clean up."""
+    for folder in RUNTIME.glob("serve-*"):
+        pid = folder.name.removeprefix("serve-")
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _raise_stop(signum: int, _frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
@@ -102,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         if router is None:
             print(f"tokenrouter serve: warning: {ROUTER_BACKEND_MODEL} is missing; python_router models cannot load",
                   file=sys.stderr)
+        _remove_stale_runtime_dirs()
         backend_dir = build_backend_dir(install, RUNTIME / f"serve-{os.getpid()}" / "backends", router)
     except (ConfigError, TritonError) as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)

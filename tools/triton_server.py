@@ -257,10 +257,14 @@ class TritonServer:
         self.stop()
 
 
+# looked up here, not in the forked child, where taking the loader's lock could deadlock
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
 def _die_with_parent() -> None:
     """In the child: get SIGTERM when the launching thread dies, even by SIGKILL (Linux only)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def write_lines(stream: TextIO) -> Callable[[str], None]:

@@ -87,6 +87,17 @@ def test_serve_runs_a_repository_and_stops_without_orphans(sig: signal.Signals, 
             launcher.wait()
 
 
+def test_a_killed_launcher_takes_the_server_with_it(tiny_tokenizer: Path, tmp_path: Path) -> None:
+    launcher, _ = _launch("--model-repository", str(render_echo_repository(tmp_path / "repo", tiny_tokenizer)))
+    server_pids = _descendants(launcher.pid)
+    launcher.kill()  # no handler runs: the server learns it from PR_SET_PDEATHSIG
+    launcher.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in server_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in server_pids)
+
+
 def test_serve_tiny_routes_between_both_models(tmp_path: Path) -> None:
     """--tiny renders configs/tiny.yaml with the tiny pair (here into tmp_path) and serves it."""
     launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"))
