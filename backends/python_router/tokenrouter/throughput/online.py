@@ -140,9 +140,9 @@ class AutoThresholds:
                 continue
             try:
                 self._solve(estimates)
-            except ValueError as err:  # odd estimates must not kill the thread; keep the old table
-                self.last_error = str(err)
-                log.warning("auto thresholds: solve failed, keeping the previous ones: %s", err)
+            except Exception as err:  # noqa: BLE001  (nothing may kill the thread; keep the old table)
+                self.last_error = f"{type(err).__name__}: {err}"
+                log.exception("auto thresholds: solve failed, keeping the previous ones")
 
     def _drifted(self, new: Estimates) -> bool:
         old = self._solved
