@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from tokenrouter.throughput import best_thresholds
+from tokenrouter.throughput.chain import build_chain
+from tokenrouter.throughput.inputs import latency_table, make_grid
 from tokenrouter.throughput.online import AUTO_STEPS, AutoThresholds
 
 SOLVE_TIMEOUT = 120  # seconds; solves for N <= 4 take well under one on an idle core
@@ -108,12 +110,14 @@ def test_decoding_loop_calls_stay_cheap_during_a_solve() -> None:
 
 
 def _wake_up_delays(yield_gil: bool) -> list[float]:
-    """How late a thread sleeping 1 ms at a time wakes up while a solve runs next to it."""
+    """How late a thread sleeping 1 ms at a time wakes up while chains are built next to it (the
+    pure-Python part of a solve, the part that holds the GIL)."""
+    grid = make_grid(latency_table([6.1e-3, 27.9e-3], 2, 10), 1e-4)
     done = threading.Event()
 
     def solver() -> None:
-        best_thresholds([[0.65, 0.35], [1, 0]], [[1, 0], [1, 0]], [6.1e-3, 27.9e-3], 10, 27.9e-5, snap=True,
-                        yield_gil=yield_gil)
+        for B in ((1, 1), (1, 2), (2, 2)):
+            build_chain(np.array([[0.65, 0.35], [1, 0]]), np.eye(2), grid, B, 10, 10**6, yield_gil=yield_gil)
         done.set()
 
     thread = threading.Thread(target=solver)
@@ -129,7 +133,7 @@ def _wake_up_delays(yield_gil: bool) -> list[float]:
 
 def test_the_solver_thread_lets_decoding_threads_in() -> None:
     # Without yielding, a woken thread waits for the GIL up to the 5 ms switch interval.
-    assert np.median(_wake_up_delays(True)) < 0.75 * np.median(_wake_up_delays(False))
+    assert np.median(_wake_up_delays(True)) < 0.5 * np.median(_wake_up_delays(False))
 
 
 def test_close_stops_the_thread(auto: AutoThresholds) -> None:
