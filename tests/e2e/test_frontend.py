@@ -94,8 +94,10 @@ def test_stop_words_and_end_id(echo_server, codec: TextCodec) -> None:
         (dict(text_input="x", stop_words=[b"\xff"]), "stop_words is not valid UTF-8"),
         (dict(text_input="x", end_id=10**6), "outside the vocabulary"),
         (dict(stop_words=["x"]), "text_input is missing"),
-        # no input reaches preprocessing at all: Triton's ensemble refuses it with its own words
-        (dict(max_tokens=3), "request has 0 inputs"),
+        # sampling inputs reach preprocessing too, so this request still gets a named error
+        (dict(max_tokens=3), "text_input is missing"),
+        (dict(text_input="x", max_tokens=0), "max_tokens must be >= 1"),
+        (dict(text_input="x", top_p=2.0), "top_p must be in"),
     ],
 )
 def test_bad_input_fails_that_request_only(echo_server, inputs: dict, message: str) -> None:

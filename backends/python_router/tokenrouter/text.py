@@ -35,7 +35,8 @@ class TextCodec:
             return list(self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
                 return_dict=False))
-        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        # Plain prompts get the tokenizer's own specials (a BOS for Llama; nothing for Qwen).
+        return list(self.tokenizer.encode(prompt, add_special_tokens=True))
 
     def stop_sequences(self, stops: Iterable[str]) -> list[list[int]]:
         return [ids for ids in (self.tokenizer.encode(s, add_special_tokens=False) for s in stops if s) if ids]
@@ -52,7 +53,8 @@ class TextCodec:
         return sorted(ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        # No space clean-up: chunked decoding must concatenate to the whole decode.
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def stable_text(self, ids: Sequence[int], final: bool) -> str:
         """Decoded text without a trailing partial UTF-8 character (unless the output is final)."""

@@ -78,14 +78,25 @@ class Submission:
     submitted_at: float = field(default_factory=time.monotonic)
 
 
+def validate_sampling(*, max_tokens: int, temperature: float, top_p: float, top_k: int) -> None:
+    """Checks that need no model facts (the frontend runs them before tokenizing, too)."""
+    if max_tokens < 1:
+        raise RequestError(f"max_tokens must be >= 1, got {max_tokens}")
+    if not temperature >= 0:  # also refuses NaN
+        raise RequestError(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise RequestError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise RequestError(f"top_k must be >= 0, got {top_k}")
+
+
 def validate_submission(prompt_ids: list[int], spec: RequestSpec, *, max_model_len: int, vocab_size: int) -> None:
     """Raise RequestError naming what is wrong with a request before it takes any resource."""
     if not prompt_ids:
         raise RequestError("the prompt is empty")
     if any(not 0 <= t < vocab_size for t in prompt_ids):
         raise RequestError(f"prompt token ids must be in [0, {vocab_size})")
-    if spec.max_tokens < 1:
-        raise RequestError(f"max_tokens must be >= 1, got {spec.max_tokens}")
+    validate_sampling(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k)
     if len(prompt_ids) >= max_model_len:
         raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the limit is {max_model_len - 1}")
     if len(prompt_ids) + spec.max_tokens > max_model_len:
@@ -93,9 +104,3 @@ def validate_submission(prompt_ids: list[int], spec: RequestSpec, *, max_model_l
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({spec.max_tokens}) exceeds the context "
             f"limit of {max_model_len}; lower max_tokens to at most {max_model_len - len(prompt_ids)}"
         )
-    if spec.temperature < 0:
-        raise RequestError(f"temperature must be >= 0, got {spec.temperature}")
-    if not 0 < spec.top_p <= 1:
-        raise RequestError(f"top_p must be in (0, 1], got {spec.top_p}")
-    if spec.top_k < 0:
-        raise RequestError(f"top_k must be >= 0, got {spec.top_k}")

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.request import validate_sampling
 from .python_model import RequestError, TokenizerModel, input_array
 
 
@@ -22,6 +23,15 @@ def _text(value: Any, what: str) -> str:
         return value.decode("utf-8")
     except UnicodeDecodeError as err:
         raise RequestError(f"{what} is not valid UTF-8 ({err.reason} at byte {err.start})") from None
+
+
+def _scalar(request: Any, name: str, default: float | int) -> float | int:
+    array = input_array(request, name)
+    if array is None:
+        return default
+    if array.size != 1:
+        raise RequestError(f"{name} must hold one value, got {array.size}")
+    return array.reshape(-1)[0].item()
 
 
 def generation_eos(tokenizer_path: str) -> list[int]:
@@ -40,6 +50,10 @@ class TritonPythonModel(TokenizerModel):
         self.default_end_ids = self.codec.end_ids(generation_eos(self.tokenizer_path))
 
     def respond(self, request: Any) -> dict[str, np.ndarray]:
+        # The sampling inputs also reach preprocessing so that they are checked before any
+        # tokenizing, and so that a request without text_input still arrives here to be told so.
+        validate_sampling(max_tokens=_scalar(request, "max_tokens", 1), temperature=_scalar(request, "temperature", 0.0),
+                          top_p=_scalar(request, "top_p", 1.0), top_k=_scalar(request, "top_k", 0))
         texts = input_array(request, "text_input")
         if texts is None or texts.size == 0:
             raise RequestError("text_input is missing")

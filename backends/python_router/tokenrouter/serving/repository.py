@@ -85,7 +85,7 @@ SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "random_seed", "strea
 
 SUBSERVER_INPUTS = ("input_ids", *SAMPLING, "end_id", "stop_ids", "peer_message")
 SUBSERVER_OUTPUTS = ("output_ids", "prefix_ids", "output_models", "finish_reason", "large_model_share", "is_final")
-PREPROCESSING_INPUTS = ("text_input", "stop_words", "end_id")
+PREPROCESSING_INPUTS = ("text_input", "stop_words", "end_id", *SAMPLING)
 PREPROCESSING_OUTPUTS = ("input_ids", "stop_ids", "end_id")
 POSTPROCESSING_INPUTS = SUBSERVER_OUTPUTS
 POSTPROCESSING_OUTPUTS = ("text_output", "output_ids", "output_models", "finish_reason", "large_model_share")
