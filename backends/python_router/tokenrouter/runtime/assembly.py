@@ -48,8 +48,9 @@ def build_subserver(config: TokenRouterConfig, name: str, engine: Engine, policy
                     max_active=config.scheduling.max_active)
     on_step = None
     if auto is not None:
-        def on_step(server: Subserver, destinations: list[str], committed: list[int], latency_s: float) -> None:
-            auto.observe_step(server.index, len(destinations), latency_s)
+        def on_step(server: Subserver, destinations: list[str], committed: list[int], latency_s: float | None) -> None:
+            if latency_s is not None:  # the chain models decode steps
+                auto.observe_step(server.index, len(destinations), latency_s)
             routed = [(server.models.index(d), c) for d, c in zip(destinations, committed) if d in server.models]
             auto.observe_routes(server.index, [d for d, _ in routed], [c for _, c in routed])
     return Subserver(name, config.model_names, config.entry, engine, policy, transport, strategy, limits,

@@ -70,11 +70,12 @@ class Subserver:
                  transport: Transport, strategy: Strategy, limits: Limits,
                  threshold: Callable[[int], int] = lambda active: 1,
                  capacities: dict[str, tuple[int, int]] | None = None,
-                 on_step: Callable[["Subserver", list[str], list[int], float], None] | None = None) -> None:
+                 on_step: Callable[["Subserver", list[str], list[int], float | None], None] | None = None) -> None:
         """``threshold(N)`` gives B for this model at N active requests. ``capacities`` (entry
         only) maps every model to (total KV blocks, block size) for admission control.
         ``on_step(subserver, destinations, committed, latency_s)`` observes each routed step:
-        where every row went and how many tokens it committed here."""
+        where every row went, how many tokens it committed here, and the step latency (None
+        for steps that prefilled or extended, whose cost is not a decode step's)."""
         self.name = name
         self.models = models
         self.index = models.index(name)
@@ -267,7 +268,8 @@ class Subserver:
                 self._finish(view, "error", f"policy '{self.policy.name}' routed to unknown model '{destination}'")
         if self.on_step is not None:
             committed = [len(view.token_ids) - before for view, before in zip(views, lengths)]
-            self.on_step(self, destinations, committed, end - start)
+            decode_only = all(len(row.new_tokens) == 1 for row in rows)
+            self.on_step(self, destinations, committed, end - start if decode_only else None)
 
     def _route(self, views: list[RequestState], out: StepResult) -> list[str | None]:
         """The policy's destinations. When it raises on a batch, route row by row so that only the
