@@ -141,7 +141,9 @@ def save_router(directory: str | Path, network: nn.Module, metadata: dict[str, A
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().contiguous() for name, tensor in network.state_dict().items()}
-    save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT, "algorithm": metadata["algorithm"]})
+    # One header entry only: safetensors writes its metadata map in no fixed order, and the same
+    # seed must give the same bytes (the algorithm is in metadata.json).
+    save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT})
     full = {"format": FORMAT, "weights_file": WEIGHTS_FILE, **metadata}
     (directory / METADATA_FILE).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
     return directory
