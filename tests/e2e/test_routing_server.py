@@ -209,3 +209,15 @@ def test_unknown_policy_fails_the_load_with_a_clear_error(tiny_pair, tmp_path):
 
     with pytest.raises(ConfigError, match="unknown policy 'no_such_policy'"):
         render_repository(routing_config(tiny_pair, "no_such_policy", {}), tmp_path / "repo")
+
+
+def test_bad_words_like_tensorrt_llm_clients_send_them(server, embedded):
+    # TensorRT-LLM's own curl example sends empty bad/stop words; that must just work
+    plain = http_generate(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 16, "bad_words": "",
+                                            "stop_words": "", "random_seed": 6})
+    assert plain["output_ids"] == embedded.generate(PROMPTS[0], max_tokens=16, seed=6)[0].token_ids
+    word = embedded.codec.decode(plain["output_ids"][:1])
+    expected = embedded.generate(PROMPTS[0], max_tokens=16, seed=6, bad_words=[word])[0]
+    reply = http_generate(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 16, "bad_words": [word],
+                                            "random_seed": 6})
+    assert reply["output_ids"] == expected.token_ids != plain["output_ids"]

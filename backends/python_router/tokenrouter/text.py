@@ -38,8 +38,9 @@ class TextCodec:
         # Plain prompts get the tokenizer's own specials (a BOS for Llama; nothing for Qwen).
         return list(self.tokenizer.encode(prompt, add_special_tokens=True))
 
-    def stop_sequences(self, stops: Iterable[str]) -> list[list[int]]:
-        return [ids for ids in (self.tokenizer.encode(s, add_special_tokens=False) for s in stops if s) if ids]
+    def token_sequences(self, words: Iterable[str]) -> list[list[int]]:
+        """Each non-empty string as token ids (stop words, bad words)."""
+        return [ids for ids in (self.tokenizer.encode(w, add_special_tokens=False) for w in words if w) if ids]
 
     def end_ids(self, engine_eos: Iterable[int] = ()) -> list[int]:
         """Ids that end generation: the model's eos plus the tokenizer's (and <|im_end|> in chat mode)."""

@@ -132,7 +132,7 @@ class TokenRoutingEngine:
 
     # --- requests --------------------------------------------------------------------------------
     def submit(self, prompt: Prompt, *, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, seed: int = 0, stop: Sequence[str] = ()) -> RequestHandle:
+               top_k: int = 0, seed: int = 0, stop: Sequence[str] = (), bad_words: Sequence[str] = ()) -> RequestHandle:
         """Start one request; returns at once. Raises RequestError for bad input."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
@@ -141,21 +141,21 @@ class TokenRoutingEngine:
             else sorted(self.engines[self.config.entry].eos_token_ids)
         spec = RequestSpec(prompt_len=len(prompt_ids), max_tokens=int(max_tokens), temperature=float(temperature),
                            top_p=float(top_p), top_k=int(top_k), seed=int(seed), end_ids=end_ids,
-                           stop_sequences=self.codec.stop_sequences(stop) if (self.codec and stop) else [])
+                           stop_sequences=self._sequences(stop), bad_sequences=self._sequences(bad_words))
         handle = RequestHandle(f"req-{next(self._ids)}", self)
         self.entry.submit(handle.rid, prompt_ids, spec, handle)
         return handle
 
     def generate(self, prompts: Prompt | Sequence[Prompt], *, max_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | Sequence[int] = 0, stop: Sequence[str] = (),
-                 timeout: float | None = None) -> list[GenerationResult]:
+                 bad_words: Sequence[str] = (), timeout: float | None = None) -> list[GenerationResult]:
         """Generate for every prompt concurrently; a request that fails has finish_reason 'error'."""
         batch = [prompts] if _is_single(prompts) else list(prompts)
         seeds = [seed] * len(batch) if isinstance(seed, int) else list(seed)
         if len(seeds) != len(batch):
             raise ValueError(f"got {len(seeds)} seeds for {len(batch)} prompts")
         handles = [self.submit(p, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                               seed=s, stop=stop) for p, s in zip(batch, seeds)]
+                               seed=s, stop=stop, bad_words=bad_words) for p, s in zip(batch, seeds)]
         return [handle.wait(timeout) for handle in handles]
 
     async def stream(self, prompt: Prompt, **kwargs: Any) -> AsyncIterator[GenerationChunk]:
@@ -234,6 +234,13 @@ class TokenRoutingEngine:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise RequestError("a prompt must be a string or a sequence of int token ids")
         return list(prompt)
+
+    def _sequences(self, words: Sequence[str]) -> list[list[int]]:
+        if not words:
+            return []
+        if self.codec is None:
+            raise RequestError("stop and bad words need a tokenizer; this engine has none")
+        return self.codec.token_sequences(words)
 
     def _names(self, origins: Sequence[int]) -> list[str]:
         return [self.config.model_names[o] for o in origins]

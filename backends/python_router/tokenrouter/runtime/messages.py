@@ -25,6 +25,7 @@ class RequestSpec:
     seed: int = 0
     end_ids: list[int] = field(default_factory=list)
     stop_sequences: list[list[int]] = field(default_factory=list)
+    bad_sequences: list[list[int]] = field(default_factory=list)  # never emitted (see constraints.py)
 
 
 @dataclass

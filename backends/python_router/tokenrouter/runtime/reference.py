@@ -12,6 +12,7 @@ import torch
 from ..engine.base import StepResult
 from ..engine.sampling import sample_tokens
 from ..policies.base import RequestView, RoutingPolicy
+from .constraints import enforce_bad_words
 from .messages import RequestSpec
 from .request import RequestState
 
@@ -72,8 +73,9 @@ def _one_step(forward: FullRecompute, policy: RoutingPolicy, view: RequestView) 
     result = StepResult(seq_ids=[view.rid], sampled=sample_tokens(logits, [view.sampling], [position]),
                         logits=logits, positions=torch.tensor([position]),
                         hidden=hidden[None] if policy.needs_hidden else None)
-    if policy.top_logits:
+    if policy.top_logits:  # like the engine: top-k of the model's own logits, before constraints
         top = torch.topk(logits, policy.top_logits, dim=-1)
         result.topk_values, result.topk_indices = top.values, top.indices
+    enforce_bad_words([view], result)
     return result
 

@@ -22,6 +22,7 @@ from typing import Callable
 
 from ..engine.base import Engine, StepResult, StepRow
 from ..policies.base import RoutingPolicy
+from .constraints import enforce_bad_words
 from .messages import PeerMessage, RequestSpec
 from .request import ClientSink, RequestError, RequestState, Submission, validate_submission
 from .strategies import Strategy
@@ -252,6 +253,7 @@ class Subserver:
         out = result if len(done) == len(rows) else _select_rows(result, done)
         out.sampled = out.sampled.clone()  # a normal tensor that policies may overwrite (ensembles)
         views = [batch[i][0] for i in done]
+        enforce_bad_words(views, out)
         for view, token in zip(views, out.sampled.tolist()):
             view.sampled_token = token
         destinations = self._route(views, out)

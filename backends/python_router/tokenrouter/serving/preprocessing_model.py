@@ -1,4 +1,4 @@
-"""Triton model `preprocessing`: text_input -> input_ids; stop_words -> stop_ids; end ids.
+"""Triton model `preprocessing`: text_input -> input_ids; stop/bad words -> stop_ids/bad_ids; end ids.
 
 Output shapes carry Triton's batch dimension of 1: input_ids [1, n], stop_ids [1, m] (each stop
 sequence followed by -1), end_id [1, k] (the client's end_id, else the model's end ids).
@@ -60,9 +60,8 @@ class TritonPythonModel(TokenizerModel):
         prompt = _text(texts.reshape(-1)[0], "text_input")
         if not prompt:
             raise RequestError("text_input is empty")
-        stops = input_array(request, "stop_words")
-        words = [_text(word, "each of stop_words") for word in ([] if stops is None else stops.reshape(-1))]
-        stop_ids = [token for seq in self.codec.stop_sequences(words) for token in (*seq, -1)]
+        stop_ids = self._flat_sequences(request, "stop_words")
+        bad_ids = self._flat_sequences(request, "bad_words")
         end_ids = input_array(request, "end_id")
         if end_ids is not None and end_ids.size:
             end = [int(i) for i in end_ids.reshape(-1)]
@@ -74,5 +73,12 @@ class TritonPythonModel(TokenizerModel):
         return {
             "input_ids": np.array([self.codec.encode_prompt(prompt)], dtype=np.int32),
             "stop_ids": np.array([stop_ids], dtype=np.int32).reshape(1, -1),
+            "bad_ids": np.array([bad_ids], dtype=np.int32).reshape(1, -1),
             "end_id": np.array([end], dtype=np.int32).reshape(1, -1),
         }
+
+    def _flat_sequences(self, request: Any, name: str) -> list[int]:
+        """A list of words as token sequences, flattened with -1 after each (the subserver's format)."""
+        array = input_array(request, name)
+        words = [_text(word, f"each of {name}") for word in ([] if array is None else array.reshape(-1))]
+        return [token for seq in self.codec.token_sequences(words) for token in (*seq, -1)]

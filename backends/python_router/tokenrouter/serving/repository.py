@@ -68,11 +68,13 @@ TENSORS: dict[str, Tensor] = {
     "top_k": Tensor("TYPE_INT32", (1,)),
     "random_seed": Tensor("TYPE_UINT64", (1,)),
     "stop_words": Tensor("TYPE_STRING", (-1,)),
+    "bad_words": Tensor("TYPE_STRING", (-1,)),
     "end_id": Tensor("TYPE_INT32", (-1,)),  # TensorRT-LLM sends one id; several are allowed
     "text_output": Tensor("TYPE_STRING", (1,)),
     # token level (subserver interface)
     "input_ids": Tensor("TYPE_INT32", (-1,)),
     "stop_ids": Tensor("TYPE_INT32", (-1,)),  # stop sequences flattened, each followed by -1
+    "bad_ids": Tensor("TYPE_INT32", (-1,)),  # bad-word sequences, flattened the same way
     "peer_message": Tensor("TYPE_STRING", (1,)),
     "output_ids": Tensor("TYPE_INT32", (-1,)),
     "prefix_ids": Tensor("TYPE_INT32", (-1,)),
@@ -83,13 +85,13 @@ TENSORS: dict[str, Tensor] = {
 }
 SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "random_seed", "stream")
 
-SUBSERVER_INPUTS = ("input_ids", *SAMPLING, "end_id", "stop_ids", "peer_message")
+SUBSERVER_INPUTS = ("input_ids", *SAMPLING, "end_id", "stop_ids", "bad_ids", "peer_message")
 SUBSERVER_OUTPUTS = ("output_ids", "prefix_ids", "output_models", "finish_reason", "large_model_share", "is_final")
-PREPROCESSING_INPUTS = ("text_input", "stop_words", "end_id", *SAMPLING)
-PREPROCESSING_OUTPUTS = ("input_ids", "stop_ids", "end_id")
+PREPROCESSING_INPUTS = ("text_input", "stop_words", "bad_words", "end_id", *SAMPLING)
+PREPROCESSING_OUTPUTS = ("input_ids", "stop_ids", "bad_ids", "end_id")
 POSTPROCESSING_INPUTS = SUBSERVER_OUTPUTS
 POSTPROCESSING_OUTPUTS = ("text_output", "output_ids", "output_models", "finish_reason", "large_model_share")
-ENSEMBLE_INPUTS = ("text_input", *SAMPLING, "stop_words", "end_id")
+ENSEMBLE_INPUTS = ("text_input", *SAMPLING, "stop_words", "bad_words", "end_id")
 ENSEMBLE_OUTPUTS = POSTPROCESSING_OUTPUTS
 # text_input is optional on purpose: when a required ensemble input is missing, Triton 2.51's
 # ensemble answers with no response and no error; preprocessing names the problem instead.

@@ -122,7 +122,6 @@ class SubserverRole:
             raise RequestError("input_ids is required")
         if prompt.ndim > 1 and prompt.shape[0] != 1:
             raise RequestError(f"one prompt per request, got a batch of {prompt.shape[0]}")
-        stop_flat = self._array(request, "stop_ids")
         spec = RequestSpec(
             prompt_len=int(prompt.size),
             max_tokens=self._scalar(request, "max_tokens", 16, int),
@@ -131,7 +130,8 @@ class SubserverRole:
             top_k=self._scalar(request, "top_k", 0, int),
             seed=self._scalar(request, "random_seed", 0, int),
             end_ids=[] if (ends := self._array(request, "end_id")) is None else [int(t) for t in ends.reshape(-1)],
-            stop_sequences=[] if stop_flat is None else _split_stops(stop_flat.reshape(-1).tolist()),
+            stop_sequences=self._sequences(request, "stop_ids"),
+            bad_sequences=self._sequences(request, "bad_ids"),
         )
         if not spec.end_ids:
             spec.end_ids = sorted(self.subserver.engine.eos_token_ids)
@@ -148,6 +148,10 @@ class SubserverRole:
     def _array(self, request: Any, name: str) -> np.ndarray | None:
         tensor = self._pb.get_input_tensor_by_name(request, name)
         return None if tensor is None else tensor.as_numpy()
+
+    def _sequences(self, request: Any, name: str) -> list[list[int]]:
+        flat = self._array(request, name)
+        return [] if flat is None else _split_sequences(flat.reshape(-1).tolist())
 
     def _scalar(self, request: Any, name: str, default: Any, kind: type) -> Any:
         array = self._array(request, name)
@@ -170,19 +174,19 @@ class SubserverRole:
         self.subserver.engine.close()
 
 
-def _split_stops(flat: list[int]) -> list[list[int]]:
-    """Stop sequences arrive flattened, separated by -1."""
-    stops, current = [], []
+def _split_sequences(flat: list[int]) -> list[list[int]]:
+    """Stop and bad-word sequences arrive flattened, each followed by -1."""
+    sequences, current = [], []
     for token in flat:
         if token == -1:
             if current:
-                stops.append(current)
+                sequences.append(current)
             current = []
         else:
             current.append(int(token))
     if current:
-        stops.append(current)
-    return stops
+        sequences.append(current)
+    return sequences
 
 
 class TritonSink:

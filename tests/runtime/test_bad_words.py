@@ -1,0 +1,61 @@
+"""Bad words: banned continuations never appear, the output equals the naive reference that applies
+the same constraint, and allowed tokens are never changed by the resampling."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenrouter import TokenRoutingEngine
+from tokenrouter.engine.base import StepResult
+from tokenrouter.engine.sampling import sample_tokens
+from tokenrouter.policies.base import RequestView
+from tokenrouter.runtime.constraints import banned_next_tokens, enforce_bad_words
+from tokenrouter.runtime.messages import RequestSpec
+from tokenrouter.runtime.reference import reference_generate
+
+
+def test_banned_next_tokens_follow_the_context():
+    bad = [[7], [1, 2, 3], [9, 9]]
+    assert banned_next_tokens([4, 5], bad) == [7]
+    assert banned_next_tokens([0, 1, 2], bad) == [7, 3]
+    assert banned_next_tokens([9], bad) == [7, 9]
+
+
+def _view(bad, temperature=0.0, seed=0):
+    spec = RequestSpec(prompt_len=2, max_tokens=4, temperature=temperature, seed=seed, bad_sequences=bad)
+    return RequestView(rid="r", model="slm", model_index=0, token_ids=[1, 2], prompt_len=2, origins=[], spec=spec)
+
+
+def test_resampling_keeps_allowed_tokens_and_replaces_banned_ones():
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0))
+    views = [_view([[5]], temperature=1.0, seed=s) for s in range(64)]
+    params, positions = [v.sampling for v in views], [2] * 64
+    free = sample_tokens(logits, params, positions)
+    out = StepResult(seq_ids=list(range(64)), sampled=free.clone(), logits=logits, positions=torch.tensor(positions))
+    enforce_bad_words(views, out)
+    assert 5 not in out.sampled.tolist()
+    kept = free != 5
+    assert torch.equal(out.sampled[kept], free[kept])  # the same draw: allowed tokens never move
+    assert torch.isinf(out.logits[:, 5]).all()
+
+
+def test_served_output_avoids_bad_words_and_matches_reference(tiny_config, mixed_prompts, references):
+    prompts = mixed_prompts(8, seed=21)
+    with TokenRoutingEngine.from_config(tiny_config("random", {"rate": 0.3, "seed": 1})) as engine:
+        free = engine.generate(prompts, max_tokens=16)
+        common = max({t for r in free for t in r.token_ids}, key=lambda t: sum(r.token_ids.count(t) for r in free))
+        word = engine.codec.decode([common])
+        banned = engine.codec.token_sequences([word])
+        assert banned, "the most common token must round-trip as a word"
+        results = engine.generate(prompts, max_tokens=16, bad_words=[word])
+        end_ids = engine.codec.end_ids(engine.engines["slm"].eos_token_ids)
+        for prompt, result in zip(prompts, results):
+            context = list(prompt)
+            for token in result.token_ids:
+                assert token not in banned_next_tokens(context, banned)
+                context.append(token)
+            spec = RequestSpec(prompt_len=len(prompt), max_tokens=16, end_ids=end_ids, bad_sequences=banned)
+            tokens, _, _ = reference_generate(references, engine.policy, "slm", prompt, spec,
+                                              max_model_len=engine.max_model_len)
+            assert result.token_ids == tokens
+        assert [r.token_ids for r in results] != [r.token_ids for r in free]
