@@ -1,0 +1,75 @@
+"""The system under test, as the load generator sees it: submit a prompt, get token arrivals.
+
+A target runs one request per call to ``generate`` (the calling client thread waits for it) and
+may cut a request that is still running at ``deadline`` (the end of the measurement window), so
+a run does not wait for stragglers.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Protocol
+
+from tokenrouter.runtime.api import TokenRoutingEngine
+
+from .records import Prompt, RequestRecord
+
+Spans = dict[str, list[tuple[float, float]]]
+
+
+def time_left(deadline: float) -> float | None:
+    """Seconds until ``deadline`` as a wait timeout (None: no deadline)."""
+    return None if math.isinf(deadline) else max(0.0, deadline - time.monotonic())
+
+
+class Target(Protocol):
+    large: str  # the model whose token share is reported
+
+    def generate(self, prompt: Prompt, *, max_tokens: int, seed: int, deadline: float) -> RequestRecord: ...
+
+    def step_spans(self) -> Spans:
+        """Engine steps per model as (start, end) on the monotonic clock; {} when not observable."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class EmbeddedTarget:
+    """The embedded Python API (TokenRoutingEngine.submit); tokens are stamped when the entry
+    subserver hands them to the request's handle."""
+
+    def __init__(self, engine: TokenRoutingEngine, large: str) -> None:
+        self.engine, self.large = engine, large
+
+    def generate(self, prompt: Prompt, *, max_tokens: int, seed: int, deadline: float) -> RequestRecord:
+        record = RequestRecord()
+        handle = self.engine.submit(prompt, max_tokens=max_tokens, seed=seed)
+        names = self.engine.config.model_names
+        lock, seen = threading.Lock(), [0]
+
+        def collect() -> None:  # on the entry's loop thread, and here before and after the wait
+            with lock:
+                origins = handle.origins[seen[0]:]
+                seen[0] += len(origins)
+                record.add(len(origins), [names[o] for o in origins])
+
+        handle.add_listener(collect)
+        collect()  # tokens may have arrived before the listener was added
+        try:
+            result = handle.wait(time_left(deadline))
+        except TimeoutError:
+            handle.cancel()
+            result = handle.wait()
+        collect()
+        record.finish(result.finish_reason, result.text if isinstance(prompt, str) else result.token_ids,
+                      result.error)
+        return record
+
+    def step_spans(self) -> Spans:
+        return {name: [(r.start, r.end) for r in list(server.step_log)]
+                for name, server in self.engine.subservers.items()}
+
+    def close(self) -> None:
+        self.engine.shutdown()
