@@ -1,0 +1,132 @@
+"""`tokenrouter bench SUITE ...`: run one suite, print markdown, write JSON (and a PNG plot).
+
+    tokenrouter bench validate [--N 2 3 4 5 6 7 8] [--reps 1]          model vs measurement (simulated)
+    tokenrouter bench compare --engine sim|tiny|real [--clients 8]     systems side by side, ratios vs targets
+    tokenrouter bench sweep --engine sim [--concurrency 1 2 4 8 16]     workloads x concurrency x systems
+    tokenrouter bench served [--config configs/tiny.yaml] [--clients 8] Triton gRPC vs embedded (issue 4)
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Callable
+
+from . import compare, served, sweep, validate
+from .plots import plot_compare, plot_sweep, plot_validate
+from .report import write_json
+from .runner import Timing
+from .setups import KINDS, make_setup
+from .systems import SYSTEMS, SystemFactory
+from .workloads import KINDS as WORKLOADS
+
+RESULTS = Path("results")
+# (warm-up, measurement window) seconds per engine setup: short by default, --measure-s for more
+DEFAULT_TIMING = {"sim": (1.0, 4.0), "tiny": (2.0, 6.0), "real": (20.0, 60.0)}
+DEFAULT_COMPARE = {"sim": list(SYSTEMS), "tiny": list(SYSTEMS), "real": ["llm_only", "slm_only", "tokenrouter"]}
+DEFAULT_SWEEP = ["llm_only", "std_serving", "r2r_lockstep", "eager_async", "tokenrouter"]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    suites = parser.add_subparsers(dest="suite", metavar="SUITE", required=True)
+
+    p = suites.add_parser("validate", help="throughput model vs measured throughput on the simulated engine")
+    p.add_argument("--N", type=int, nargs="+", default=list(range(2, 9)), help="concurrencies (default 2..8)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="run the simulated clock this many times slower (throughput converted back)")
+    _common(p, reps=1, engine=False)
+
+    p = suites.add_parser("compare", help="all systems side by side at one concurrency, ratios vs targets")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, help="default: all (real: llm_only slm_only tokenrouter)")
+    p.add_argument("--workload", choices=WORKLOADS, default="short-long")
+    _common(p, reps=3)
+
+    p = suites.add_parser("sweep", help="concurrency sweep over workloads and systems")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=DEFAULT_SWEEP)
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    _common(p, reps=1)
+
+    p = suites.add_parser("served", help="served (Triton gRPC) vs embedded throughput on one config (issue 4)")
+    p.add_argument("--config", type=Path, help="YAML config (default: configs/tiny.yaml on the tiny pair)")
+    p.add_argument("--clients", type=int, default=8)
+    _common(p, reps=3, engine=False)
+
+
+def _common(p: argparse.ArgumentParser, *, reps: int, engine: bool = True) -> None:
+    if engine:
+        p.add_argument("--engine", choices=KINDS, default="sim", help="model pair (default sim)")
+        p.add_argument("--rate", type=float, help="random routing rate small -> large (default: sim 0.35, "
+                                                    "tiny 0.3, real 0.1)")
+        p.add_argument("--threads", type=int, help="torch threads per engine (tiny default 1, real 2)")
+    p.add_argument("--reps", type=int, default=reps, help=f"repetitions (default {reps}); medians are reported")
+    p.add_argument("--warmup-s", type=float, help="seconds before the window opens (default per engine)")
+    p.add_argument("--measure-s", type=float, help="measurement window, seconds (default per engine)")
+    p.add_argument("--max-tokens", type=int, help="override the workload's output cap")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="raw results (default results/bench-<suite>-<engine>.json)")
+    p.add_argument("--plot", type=Path, help="write a PNG plot here")
+    p.add_argument("--markdown", type=Path, help="also write the markdown tables here")
+
+
+def _timing(args: argparse.Namespace, kind: str) -> Timing:
+    warmup, window = DEFAULT_TIMING[kind]
+    return Timing(args.warmup_s if args.warmup_s is not None else warmup,
+                  args.measure_s if args.measure_s is not None else window)
+
+
+def _factory(args: argparse.Namespace) -> SystemFactory:
+    setup = make_setup(args.engine, rate=args.rate, threads=args.threads)
+    return SystemFactory(setup, setup.open_engines(), setup.codec())
+
+
+def _validate(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:
+    result = validate.run_validate(args.N, _timing(args, "sim"), reps=args.reps, seed=args.seed,
+                                   max_tokens=args.max_tokens, time_scale=args.time_scale)
+    return result, validate.markdown, plot_validate, "sim"
+
+
+def _compare(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:
+    factory = _factory(args)
+    systems = args.systems or DEFAULT_COMPARE[args.engine]
+    result = compare.run_compare(factory, systems, args.clients, factory.setup.with_workload(args.workload,
+                                                                                             args.max_tokens),
+                                 _timing(args, args.engine), reps=args.reps, seed=args.seed)
+    return result, compare.markdown, plot_compare, args.engine
+
+
+def _sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:
+    result = sweep.run_sweep(_factory(args), args.systems, args.concurrency, args.workloads,
+                             _timing(args, args.engine), reps=args.reps, seed=args.seed, max_tokens=args.max_tokens)
+    return result, sweep.markdown, plot_sweep, args.engine
+
+
+def _served(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, None, str]:
+    from tokenrouter.config import load_config
+
+    from ..serve import TINY_CONFIG
+    from .setups import tiny_setup
+
+    setup = tiny_setup()  # builds the tiny pair if needed; its text workload sizes fit tiny.yaml
+    config = load_config(args.config or TINY_CONFIG)
+    result = served.run_served(config, args.clients, setup.with_workload("short-long", args.max_tokens),
+                               _timing(args, "tiny"), reps=args.reps, seed=args.seed)
+    return result, served.markdown, None, "tiny" if args.config is None else Path(args.config).stem
+
+
+SUITES = {"validate": _validate, "compare": _compare, "sweep": _sweep, "served": _served}
+
+
+def run(args: argparse.Namespace) -> int:
+    result, markdown, plot, name = SUITES[args.suite](args)
+    text = markdown(result)
+    print(text)
+    json_path = write_json(args.json or RESULTS / f"bench-{args.suite}-{name}.json", result)
+    print(f"\nraw results: {json_path}")
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text + "\n")
+    if args.plot and plot is not None:
+        print(f"plot: {plot(result, args.plot)}")
+    return 0

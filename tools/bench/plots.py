@@ -1,0 +1,82 @@
+"""matplotlib figures of the suites' results, written as PNG (docs/benchmarks/ holds the committed ones)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on a server
+
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _nan(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
+def plot_validate(result: dict[str, Any], path: Path) -> Path:
+    """Predicted at the nominal rate (line), at the realized rate (x) and measured (dots) over B_1."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for n in sorted({c["N"] for c in result["cells"]}):
+        cells = sorted((c for c in result["cells"] if c["N"] == n), key=lambda c: c["B1"])
+        line, = ax.plot([c["B1"] for c in cells], [c["predicted"] for c in cells], "-", label=f"N = {n}")
+        ax.plot([c["B1"] for c in cells], [c["predicted_at_realized"] for c in cells], "x", color=line.get_color())
+        ax.plot([c["B1"] for c in cells], [c["measured"] for c in cells], "o", color=line.get_color())
+    ax.set_xlabel("B_1 (large-model batch threshold), B_0 = 1")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("Throughput model (line: p = 0.35, x: realized p) vs measured (dots)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(ncol=2, fontsize=8)
+    return _save(fig, path)
+
+
+def plot_compare(result: dict[str, Any], path: Path) -> Path:
+    """Median throughput per system, with the spread over repetitions."""
+    medians = result["medians"]
+    systems = list(medians)
+    values = [medians[s]["throughput"] for s in systems]
+    low = [v - min(medians[s]["throughput_all"]) for s, v in zip(systems, values)]
+    high = [max(medians[s]["throughput_all"]) - v for s, v in zip(systems, values)]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    bars = ax.bar(systems, values, yerr=[low, high], capsize=3,
+                  color=["tab:orange" if s == "tokenrouter" else "tab:blue" for s in systems])
+    ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.set_ylabel("tokens/s")
+    ax.set_title(f"{result['setup']['kind']}: N = {result['clients']}, {result['workload']['kind']}, "
+                 f"median of {result['reps']}")
+    ax.tick_params(axis="x", rotation=30)
+    return _save(fig, path)
+
+
+def plot_sweep(result: dict[str, Any], path: Path) -> Path:
+    """Throughput (top) and per-user speed (bottom) over concurrency, one column per workload."""
+    workloads = result["workloads"]
+    fig, axes = plt.subplots(2, len(workloads), figsize=(4.6 * len(workloads), 7), squeeze=False)
+    for col, kind in enumerate(workloads):
+        for system in result["systems"]:
+            points = sorted((p for p in result["points"] if p["workload"] == kind and p["system"] == system),
+                            key=lambda p: p["clients"])
+            xs = [p["clients"] for p in points]
+            style = {"linewidth": 2.5} if system == "tokenrouter" else {}
+            for row, key in enumerate(("throughput", "per_user_median_tok_s")):
+                axes[row][col].plot(xs, [_nan(p[key]) for p in points], "o-", label=system, **style)
+        axes[0][col].set_title(f"{result['setup']['kind']}: {kind}")
+        axes[0][col].set_ylabel("tokens/s")
+        axes[1][col].set_ylabel("per-user tokens/s")
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrency N")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    return _save(fig, path)

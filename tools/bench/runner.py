@@ -1,0 +1,53 @@
+"""One measured run: open a system, drive it with closed-loop clients, summarize, close it."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+from .loadgen import run_closed_loop
+from .records import summarize
+from .setups import LARGE
+from .stdserving import StdServingTarget
+from .systems import SystemFactory, is_lockstep
+from .workloads import Workload
+
+SUMMARY_KEYS = ("throughput", "ttft_median_s", "latency_median_s", "per_user_median_tok_s", "large_share")
+
+
+@dataclass(frozen=True)
+class Timing:
+    warmup_s: float
+    measure_s: float
+
+
+def measure(factory: SystemFactory, system: str, clients: int, workload: Workload, timing: Timing, *,
+            seed: int = 0, thresholds: list[list[int]] | None = None) -> dict[str, Any]:
+    """The summary of one run as a flat dict (plus what the system itself counted)."""
+    target = factory.open(system, clients, thresholds)
+    try:
+        result = run_closed_loop(target, workload, factory.setup.source(), clients=clients, warmup_s=timing.warmup_s,
+                                 measure_s=timing.measure_s, seed=seed, lockstep=is_lockstep(system))
+    finally:
+        target.close()
+    summary = summarize(result.records, result.window, clients, large=LARGE, steps=result.spans)
+    row: dict[str, Any] = {"system": system, "workload": workload.kind, **summary.as_dict()}
+    if isinstance(target, StdServingTarget):
+        row["prefix_cache"] = {name: asdict(server.cache.stats) for name, server in target.servers.items()}
+    if thresholds is not None or system == "tokenrouter":
+        row["thresholds"] = thresholds or factory.thresholds(clients)
+    return row
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over repetitions of the summary numbers (busy fractions per model too)."""
+    out = {key: _median(row[key] for row in rows) for key in SUMMARY_KEYS}
+    out["busy"] = {model: _median(row["busy"].get(model) for row in rows) for model in rows[0]["busy"]}
+    out["throughput_all"] = [row["throughput"] for row in rows]
+    return out
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
