@@ -25,4 +25,6 @@ def test_config_reference_example_is_valid():
 def test_config_reference_lists_every_policy():
     text = (DOCS / "config.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| `name` | `slm_only`"))
-    assert set(re.findall(r"`(\w+)`", row)) - {"name", "slm_only"} | {"slm_only"} == set(registered_policies())
+    documented = set(re.findall(r"`(\w+)`", row)) - {"name"}
+    shipped = {name for name, cls in registered_policies().items() if cls.__module__.startswith("tokenrouter.")}
+    assert documented == shipped  # tests register policies of their own; those are not shipped
