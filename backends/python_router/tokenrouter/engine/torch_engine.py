@@ -44,9 +44,13 @@ class TorchEngine(Engine):
     def from_spec(cls, name: str, spec: ModelSpec) -> "TorchEngine":
         if spec.path is None:
             raise ValueError(f"model '{name}': the torch engine needs a path")
+        caller_threads = torch.get_num_threads()
         if spec.threads:
-            torch.set_num_threads(spec.threads)  # loading (GGUF dequantization) also benefits
-        model = load_causal_lm(spec.path, spec.dtype, resolve_device(spec.device))
+            torch.set_num_threads(spec.threads)  # loading (GGUF dequantization) runs on the same budget
+        try:
+            model = load_causal_lm(spec.path, spec.dtype, resolve_device(spec.device))
+        finally:
+            torch.set_num_threads(caller_threads)  # the loading thread's own setting is not ours to keep
         num_blocks = max(1, spec.kv_cache_tokens // spec.block_size)
         return cls(name, model, num_blocks=num_blocks, block_size=spec.block_size, threads=spec.threads)
 
@@ -134,7 +138,7 @@ class TorchEngine(Engine):
                 self._pool.truncate(row.seq_id, start)
             raise
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: callers may feed results to modules that record autograd
     def _forward(self, rows: Sequence[StepRow], starts: list[int], return_hidden: bool,
                  top_logits: int) -> StepResult:
         counts = [len(row.new_tokens) for row in rows]
