@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "throughput": ("tokenrouter_tools.throughput_cli", "predict throughput and the best batch thresholds"),
     "bench": ("tokenrouter_tools.bench", "run the benchmark suite"),
     "train-router": ("tokenrouter_tools.train_router", "train a router for a model pair"),
+    "quality": ("tokenrouter_tools.quality_bench", "HumanEval pass@1 per policy on the real pair"),
 }
 
 
