@@ -146,9 +146,12 @@ def bench_model(role: str, path: Path, args: argparse.Namespace) -> dict:
     result = {"role": role, "path": str(path), "dtype": args.dtype, "threads": args.threads}
     engine_generate(engine, code_prompts(tokenizer, [16]), 2)  # warm-up: first-call allocations
     hf_generate(engine, code_prompts(tokenizer, [16]), 2)
-    result["batch1"] = compare(engine, code_prompts(tokenizer, [BATCH1_LENGTH]), args.new_tokens, args.reps)
-    result["batch8"] = compare(engine, code_prompts(tokenizer, BATCH8_LENGTHS), args.new_tokens, args.reps)
-    result["resume_ms"] = resume_cost(engine, code_prompts(tokenizer, [RESUME_PREFIX])[0], args.reps)
+    if "batch1" in args.parts:
+        result["batch1"] = compare(engine, code_prompts(tokenizer, [BATCH1_LENGTH]), args.new_tokens, args.reps)
+    if "batch8" in args.parts:
+        result["batch8"] = compare(engine, code_prompts(tokenizer, BATCH8_LENGTHS), args.new_tokens, args.reps)
+    if "resume" in args.parts:
+        result["resume_ms"] = resume_cost(engine, code_prompts(tokenizer, [RESUME_PREFIX])[0], args.reps)
     engine.close()
     return result
 
@@ -158,15 +161,16 @@ def report(results: list[dict]) -> str:
     lines = ["| model | batch | engine tok/s | generate tok/s | speedup (medians) | speedup (paired) | speedup (best) "
              "| identical rows |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
-        for key in ("batch1", "batch8"):
-            c = r[key]
+        for c in (r[key] for key in ("batch1", "batch8") if key in r):
             lines.append(f"| {r['role']} | {c['batch']} | {c['engine_tok_s']:.2f} | {c['generate_tok_s']:.2f} | "
                          f"{c['speedup']:.2f}x | {c['speedup_paired']:.2f}x | {c['speedup_best']:.2f}x | "
                          f"{c['rows_identical']}/{c['batch']} |")
     lines += ["", "| model | decode step ms | extend k=1 | k=2 | k=3 | k=4 | prefill prefix+1 | prefill prefix+4 |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
-        m = r["resume_ms"]
+        m = r.get("resume_ms")
+        if m is None:
+            continue
         lines.append(f"| {r['role']} | {m['decode_1']:.0f} | " + " | ".join(f"{m[f'extend_{k}']:.0f}" for k in range(1, 5))
                      + f" | {m['prefill_prefix+1']:.0f} | {m['prefill_prefix+4']:.0f} |")
     return "\n".join(lines)
@@ -177,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pair", choices=("real", "tiny"), default="real")
     parser.add_argument("--roles", nargs="+", default=["small", "large"])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--parts", nargs="+", choices=("batch1", "batch8", "resume"),
+                        default=["batch1", "batch8", "resume"])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--threads", type=int, default=1,
