@@ -157,6 +157,8 @@ def test_validation_predicts_each_cell_with_the_model():
     assert cells[2]["predicted"] == pytest.approx(predict(P, C, L, [1, 2], 2, 1e-4, snap=True))
     assert all(c["measured"] > 0 and 0 < c["realized_rate"] < 1 for c in cells.values())
     assert result["best"][0]["predicted_B1"] == 2
+    control = result["control"][0]  # the small model alone: exactly N tokens per step of L_0(N)
+    assert control["exact"] == pytest.approx(2 / L[0][1]) and control["measured"] > 0
 
 
 def test_cli_compare_writes_json_with_per_repetition_ratios_and_a_plot(tmp_path: Path):

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from . import compare, served, sweep, validate
 from .plots import plot_compare, plot_sweep, plot_validate
-from .report import write_json
+from .report import machine, write_json
 from .runner import Timing
 from .setups import KINDS, make_setup
 from .systems import SYSTEMS, SystemFactory
@@ -119,7 +119,9 @@ SUITES = {"validate": _validate, "compare": _compare, "sweep": _sweep, "served":
 
 
 def run(args: argparse.Namespace) -> int:
+    at_start = machine()  # the load average of a shared machine belongs next to its numbers
     result, markdown, plot, name = SUITES[args.suite](args)
+    result["machine_at_start"] = at_start
     text = markdown(result)
     print(text)
     json_path = write_json(args.json or RESULTS / f"bench-{args.suite}-{name}.json", result)

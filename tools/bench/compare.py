@@ -86,6 +86,15 @@ def busy_checks(medians: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def std_serving_table(runs: list[dict[str, Any]]) -> str:
+    """What each plain server did per step (every repetition)."""
+    rows = [[run["rep"], model, s["steps"], s["mean_batch"], s["step_ms"], s["bookkeeping_ms_per_step"],
+             f"{s['hits']} / {s['lookups']}", s["evictions"]]
+            for run in runs for model, s in run["std_serving"].items()]
+    return table(["Std. Serving rep", "model", "steps", "rows per step", "engine ms per step",
+                  "bookkeeping ms per step", "prefix hits / calls", "evictions"], rows)
+
+
 def markdown(result: dict[str, Any]) -> str:
     medians = result["medians"]
     rows = [[system, m["throughput"], ms(m["ttft_median_s"]), ms(m["latency_median_s"]), m["per_user_median_tok_s"],
@@ -93,6 +102,8 @@ def markdown(result: dict[str, Any]) -> str:
             for system, m in medians.items()]
     parts = [table(["system", "tokens/s", "TTFT ms", "latency ms", "per-user tok/s", "large share", "busy slm",
                     "busy llm"], rows)]
+    if "std_serving" in result["runs"]:
+        parts.append(std_serving_table(result["runs"]["std_serving"]))
     if result["ratios"]:
         parts.append(table(["ratio", "median", "per repetition"],
                            [[f"{r['numerator']} / {r['denominator']}", r["median"],

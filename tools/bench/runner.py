@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .loadgen import run_closed_loop
@@ -34,7 +34,7 @@ def measure(factory: SystemFactory, system: str, clients: int, workload: Workloa
     summary = summarize(result.records, result.window, clients, large=LARGE, steps=result.spans)
     row: dict[str, Any] = {"system": system, "workload": workload.kind, **summary.as_dict()}
     if isinstance(target, StdServingTarget):
-        row["prefix_cache"] = {name: asdict(server.cache.stats) for name, server in target.servers.items()}
+        row["std_serving"] = {name: server.report() for name, server in target.servers.items()}
     if thresholds is not None or system == "tokenrouter":
         row["thresholds"] = thresholds or factory.thresholds(clients)
     return row

@@ -95,7 +95,7 @@ def tiny_setup(rate: float = 0.3, threads: int | None = 1) -> Setup:
         kind="tiny", models=models, rate=rate,
         workloads={
             "short-long": Workload("short-long", (16, 48), 128, max_context=1024),
-            "long-short": Workload("long-short", (400, 700), 16, max_context=1024),
+            "long-short": Workload("long-short", (300, 400), 16, max_context=1024),
             "multi-turn": Workload("multi-turn", (16, 48), 48, turns=3, max_context=1024),
         },
         max_wait_ms=20.0, max_model_len=1024, tokenizer=str(pair["small"]),

@@ -23,8 +23,8 @@ import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
 
 import torch
 
@@ -59,6 +59,7 @@ class PlainServer:
         self.cache = PrefixCache(engine.block_size)
         self.step_log: list[tuple[float, float]] = []
         self.batch_sizes: list[int] = []
+        self.bookkeeping_s = 0.0  # forming batches, prefix matching, eviction, cache updates
         self._queue: deque[_Call] = deque()
         self._ready = threading.Condition()
         self._ids = itertools.count()
@@ -98,7 +99,9 @@ class PlainServer:
                         call.error = RuntimeError(f"plain server '{self.name}' stopped")
                         call.done.set()
                     return
+            started = time.perf_counter()
             batch = self._form_batch()
+            self.bookkeeping_s += time.perf_counter() - started
             if batch:
                 self._step(batch)
 
@@ -161,13 +164,23 @@ class PlainServer:
                 call.error = exc
                 call.done.set()
             return
-        self.step_log.append((start, time.monotonic()))
+        end = time.monotonic()
+        self.step_log.append((start, end))
         self.batch_sizes.append(len(rows))
         for i, (call, seq_id, _) in enumerate(batch):
             call.logits = result.logits[i]
             call.hidden = result.hidden[i] if result.hidden is not None else None
             self.cache.insert(seq_id, call.tokens)  # its KV now covers the whole context
             call.done.set()
+        self.bookkeeping_s += time.monotonic() - end
+
+    def report(self) -> dict[str, Any]:
+        """Prefix-cache counters, and per step: rows, engine time, bookkeeping time."""
+        steps = max(1, len(self.step_log))
+        return {**asdict(self.cache.stats), "steps": len(self.step_log),
+                "mean_batch": sum(self.batch_sizes) / steps,
+                "step_ms": 1e3 * sum(end - start for start, end in self.step_log) / steps,
+                "bookkeeping_ms_per_step": 1e3 * self.bookkeeping_s / steps}
 
 
 class _Cut(Exception):

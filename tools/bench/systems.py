@@ -72,7 +72,7 @@ class SystemFactory:
     def thresholds(self, clients: int) -> list[list[int]]:
         """B* per model for N = 1..clients from the throughput model."""
         if self._latencies is None or len(self._latencies[0]) < clients:
-            self._latencies = [step_latencies(self.engines[name], max(clients, 16)) for name in (SMALL, LARGE)]
+            self._latencies = [step_latencies(self.engines[name], clients) for name in (SMALL, LARGE)]
         return thresholds_by_n(self.setup.rate, self._latencies, clients)
 
     def open(self, system: str, clients: int, thresholds: list[list[int]] | None = None) -> Target:

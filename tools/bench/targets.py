@@ -8,11 +8,11 @@ a run does not wait for stragglers.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from typing import Protocol
 
 from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.request import RequestError
 
 from .records import Prompt, RequestRecord
 
@@ -45,24 +45,31 @@ class EmbeddedTarget:
 
     def generate(self, prompt: Prompt, *, max_tokens: int, seed: int, deadline: float) -> RequestRecord:
         record = RequestRecord()
-        handle = self.engine.submit(prompt, max_tokens=max_tokens, seed=seed)
-        names = self.engine.config.model_names
-        lock, seen = threading.Lock(), [0]
+        try:
+            handle = self.engine.submit(prompt, max_tokens=max_tokens, seed=seed)
+        except RequestError as exc:  # e.g. a conversation that outgrew the context: counted as an error
+            record.finish("error", [], str(exc))
+            return record
+        # The listener runs on the entry subserver's loop thread, inside the system under test:
+        # it only notes (time, tokens so far); the record is built here afterwards.
+        stamps: list[tuple[float, int]] = []
 
-        def collect() -> None:  # on the entry's loop thread, and here before and after the wait
-            with lock:
-                origins = handle.origins[seen[0]:]
-                seen[0] += len(origins)
-                record.add(len(origins), [names[o] for o in origins])
+        def stamp() -> None:
+            stamps.append((time.monotonic(), len(handle.origins)))
 
-        handle.add_listener(collect)
-        collect()  # tokens may have arrived before the listener was added
+        handle.add_listener(stamp)
+        stamp()  # tokens may have arrived before the listener was added
         try:
             result = handle.wait(time_left(deadline))
         except TimeoutError:
             handle.cancel()
             result = handle.wait()
-        collect()
+        stamp()
+        counted = 0
+        for at, total in sorted(stamps):
+            record.add(total - counted, at=at)
+            counted = max(counted, total)
+        record.tokens_by_model.update(result.models)
         record.finish(result.finish_reason, result.text if isinstance(prompt, str) else result.token_ids,
                       result.error)
         return record

@@ -28,6 +28,9 @@ from .thresholds import random_routing, step_latencies
 
 TOLERANCE = 0.10  # issue 6: predicted within 10 % of measured
 DELTA_S = 1e-4  # the paper's grid; the profile latencies are multiples of it
+# Run next to every N: the small model alone, whose throughput is known exactly (N / L_0(N)). Its
+# error is what the runtime itself costs on this machine at that moment, with no routing at all.
+CONTROL = "slm_only"
 
 
 def sweep_thresholds(n: int, b1: int) -> list[list[int]]:
@@ -46,13 +49,17 @@ def run_validate(populations: Sequence[int], timing: Timing, *, reps: int, seed:
     workload = setup.with_workload("short-long", max_tokens)
     latencies = {name: step_latencies(engines[name], max(populations)) for name in (SMALL, LARGE)}
     P, C = random_routing(setup.rate)
-    cells = []
+    cells, overhead = [], []
     for n in populations:
         labels = {f"B1={b1}": b1 for b1 in range(1, n + 1)}
-        rows = side_by_side(list(labels), reps, lambda label, rep: measure(
+        rows = side_by_side([*labels, CONTROL], reps, lambda label, rep: measure(
+            factory, CONTROL, n, workload, timing, seed=seed + rep) if label == CONTROL else measure(
             factory, "tokenrouter", n, workload, timing, seed=seed + rep,
             thresholds=sweep_thresholds(n, labels[label])), label=f"validate N={n}")
         L = [latencies[SMALL][:n], latencies[LARGE][:n]]
+        control = statistics.median(r["throughput"] for r in rows[CONTROL]) * time_scale
+        exact = n / L[0][n - 1]  # the small model alone, always a batch of n: n tokens per step
+        overhead.append({"N": n, "exact": exact, "measured": control, "error": control / exact - 1})
         for label, b1 in labels.items():
             realized = statistics.median(r["large_share"] for r in rows[label])
             at_realized = predict(*random_routing(realized), L, [1, b1], n, DELTA_S, snap=True)
@@ -65,7 +72,7 @@ def run_validate(populations: Sequence[int], timing: Timing, *, reps: int, seed:
     return {"suite": "validate", "setup": setup.describe(), "workload": workload.__dict__, "timing": timing.__dict__,
             "reps": reps, "time_scale": time_scale,
             "latencies_ms": {k: [x * 1e3 for x in v] for k, v in latencies.items()},
-            "routing": {"P": P, "C": C}, "cells": cells, "best": best_by_n(cells),
+            "routing": {"P": P, "C": C}, "cells": cells, "best": best_by_n(cells), "control": overhead,
             "within_tolerance": sum(abs(c["error"]) <= TOLERANCE for c in cells), "tolerance": TOLERANCE}
 
 
@@ -106,6 +113,9 @@ def markdown(result: dict[str, Any]) -> str:
         summary,
         f"argmax B1 matches in {matches} of {len(best)} N (predicted B1* at the nominal p = "
         f"{result['routing']['P'][0][1]})",
+        "control (no routing, exact N / L_0(N)) vs measured: " + ", ".join(
+            f"N={c['N']}: {c['exact']:.0f} / {c['measured']:.0f} ({100 * c['error']:+.1f} %)"
+            for c in result["control"]),
         "realized routing rates: " + ", ".join(f"N={c['N']} B1={c['B1']}: {c['realized_rate']:.3f}" for c in cells),
         "latencies (ms per step by batch size 1..): "
         + "; ".join(f"{k}: {', '.join(fmt(x) for x in v)}" for k, v in result["latencies_ms"].items()),

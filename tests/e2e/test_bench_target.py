@@ -1,0 +1,41 @@
+"""The benchmark's Triton target against a real server: closed-loop gRPC streams, token
+attribution from `output_models`, and the peer round-trip histogram read off the metrics port."""
+
+from __future__ import annotations
+
+from tokenrouter.serving.repository import render_repository
+from tokenrouter_tools.bench import prometheus
+from tokenrouter_tools.bench.loadgen import run_closed_loop
+from tokenrouter_tools.bench.records import summarize
+from tokenrouter_tools.bench.served import PEER_HISTOGRAM
+from tokenrouter_tools.bench.triton_target import TritonTarget
+from tokenrouter_tools.bench.workloads import TextPrompts, Workload
+
+
+def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(start_server, tiny_pair,
+                                                                             tmp_path_factory):
+    config = {
+        "models": {name: {"path": str(tiny_pair[size]), "kv_cache_tokens": 4096, "max_batch_size": 8}
+                   for name, size in (("slm", "small"), ("llm", "large"))},
+        "policy": {"name": "random", "params": {"rate": 0.3, "seed": 0}},
+        "scheduling": {"strategy": "tokenrouter", "max_wait_ms": 5, "max_active": 8},
+        "max_model_len": 512,
+    }
+    server = start_server(render_repository(config, tmp_path_factory.mktemp("bench-repo")))
+    metrics_url = f"127.0.0.1:{server.ports.metrics}"
+    before = prometheus.scrape(metrics_url)
+    target = TritonTarget(server.grpc_url, "llm")
+    workload = Workload("short-long", (8, 16), 24, max_context=512)
+    try:
+        result = run_closed_loop(target, workload, TextPrompts(), clients=3, warmup_s=0.5, measure_s=2.0)
+    finally:
+        target.close()
+    finished = [r for r in result.records if r.complete]
+    assert len({r.client for r in finished}) == 3 and not [r for r in result.records if r.error]
+    for r in finished:
+        assert r.output_tokens == sum(r.tokens_by_model.values()) > 0 and isinstance(r.output, str)
+        assert r.finish_reason in ("length", "eos") and (r.finish_reason == "eos" or r.output_tokens == 24)
+    summary = summarize(result.records, result.window, 3, large="llm")
+    assert summary.output_tokens > 0 and 0 < summary.large_share < 1
+    peer = prometheus.histogram_delta(before, prometheus.scrape(metrics_url), PEER_HISTOGRAM)
+    assert peer["slm"]["count"] > 0 and peer["slm"]["mean_s"] > 0
