@@ -9,6 +9,7 @@ metrics port shows the routing.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import queue
 import re
 import threading
@@ -221,3 +222,13 @@ def test_bad_words_like_tensorrt_llm_clients_send_them(server, embedded):
     reply = http_generate(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 16, "bad_words": [word],
                                             "random_seed": 6})
     assert reply["output_ids"] == expected.token_ids != plain["output_ids"]
+
+
+def test_router_model_answers_with_the_policy_it_carries(server, config):
+    from .clients import http_post
+
+    status, text = http_post(server.http_url, "/v2/models/router/infer", {"inputs": []})
+    assert status == 200, text
+    described = json.loads(json.loads(text)["outputs"][0]["data"][0])
+    assert described["policy"] == config["policy"]["name"] and described["params"] == config["policy"]["params"]
+    assert described["models"] == ["slm", "llm"] and described["entry"] == "slm"

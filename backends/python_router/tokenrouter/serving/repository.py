@@ -82,6 +82,7 @@ TENSORS: dict[str, Tensor] = {
     "finish_reason": Tensor("TYPE_STRING", (1,)),
     "large_model_share": Tensor("TYPE_FP32", (1,)),
     "is_final": Tensor("TYPE_BOOL", (1,)),
+    "policy": Tensor("TYPE_STRING", (1,)),  # the router's answer: the policy it carries, as JSON
 }
 SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "random_seed", "stream")
 
@@ -263,7 +264,7 @@ def _router_config(config: TokenRouterConfig, weights: str) -> mc.ModelConfig:
         "max_active": config.scheduling.max_active,
         "max_model_len": config.max_model_len,
     }
-    return model_config(ROUTER, backend=ROUTER_BACKEND, max_batch_size=0, parameters=parameters)
+    return model_config(ROUTER, backend=ROUTER_BACKEND, max_batch_size=0, outputs=("policy",), parameters=parameters)
 
 
 def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], out_dir: Path, *,
