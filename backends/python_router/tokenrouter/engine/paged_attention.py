@@ -66,9 +66,8 @@ class StepLayout:
         max_query = int(counts_t.max())
 
         max_blocks = max(len(table) for table in block_tables)
-        tables = torch.zeros(rows, max_blocks, dtype=torch.long)
-        for row, table in enumerate(block_tables):
-            tables[row, : len(table)] = torch.tensor(table, dtype=torch.long)
+        tables = torch.tensor([list(table) + [0] * (max_blocks - len(table)) for table in block_tables],
+                              dtype=torch.long)
 
         offsets = torch.cumsum(counts_t, 0) - counts_t  # first packed index of each row
         query_j = torch.minimum(torch.arange(max_query)[None, :], (counts_t - 1)[:, None])
