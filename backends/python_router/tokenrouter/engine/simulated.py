@@ -13,16 +13,14 @@ against the entry engine's vocabulary, so simulated pairs run on token ids, not 
 
 from __future__ import annotations
 
-import operator
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
-from .base import Engine, SeqId, StepResult, StepRow, UnknownSequence
-from .kv_pool import BlockPool
-from .sampling import sample_tokens
+from .base import SeqId, StepResult, StepRow
+from .pooled import PooledEngine, sampled_result
 from .sim_profile import SimProfile, resolve_profile
 from .sim_tokens import TokenSource
 
@@ -30,13 +28,13 @@ if TYPE_CHECKING:
     from ..config import ModelSpec
 
 
-class SimulatedEngine(Engine):
+class SimulatedEngine(PooledEngine):
     def __init__(self, name: str, profile: str | dict[str, Any] | SimProfile, *, block_size: int = 16,
                  kv_cache_tokens: int = 16384) -> None:
         self.name = name
         self.profile = resolve_profile(profile)
         self._source = TokenSource(self.profile, self.profile.seed_for(name))
-        self._pool = BlockPool(max(1, kv_cache_tokens // block_size), block_size)
+        super().__init__(max(1, kv_cache_tokens // block_size), block_size)
         self._tails: dict[SeqId, tuple[int, ...]] = {}
         self.last_latency_s = 0.0  # profiled latency of the last step (before time_scale)
         self.total_latency_s = 0.0  # sum over all steps: the simulated busy time
@@ -63,41 +61,19 @@ class SimulatedEngine(Engine):
     def max_model_len(self) -> int:
         return self.profile.max_model_len
 
-    # --- KV pool ----------------------------------------------------------------------------------
-    @property
-    def block_size(self) -> int:
-        return self._pool.block_size
-
-    @property
-    def num_total_blocks(self) -> int:
-        return self._pool.num_blocks
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self._pool.num_free
-
-    # --- sequences --------------------------------------------------------------------------------
+    # --- sequences: the pool's bookkeeping plus each sequence's token tail ------------------------
     def add_sequence(self, seq_id: SeqId) -> None:
-        self._pool.add(seq_id)
+        super().add_sequence(seq_id)
         self._tails[seq_id] = ()
-
-    def has_sequence(self, seq_id: SeqId) -> bool:
-        return seq_id in self._pool
-
-    def num_cached(self, seq_id: SeqId) -> int:
-        return self._pool.length(seq_id)
-
-    def sequence_ids(self) -> list[SeqId]:
-        return self._pool.sequence_ids()
 
     def release(self, seq_id: SeqId) -> bool:
         self._tails.pop(seq_id, None)
-        return self._pool.free(seq_id)
+        return super().release(seq_id)
 
     # --- the step ---------------------------------------------------------------------------------
     def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
         started = time.perf_counter()
-        tokens = self._validate(rows, top_logits)
+        tokens = self.check_rows(rows, top_logits)
         self._pool.append({row.seq_id: len(new) for row, new in zip(rows, tokens)})  # all or nothing
         logits, hidden, positions = [], [], []
         for row, new in zip(rows, tokens):
@@ -108,16 +84,8 @@ class SimulatedEngine(Engine):
             logits.append(row_logits)
             hidden.append(row_hidden)
             positions.append(length)
-        logits_t = torch.from_numpy(np.stack(logits))
-        result = StepResult(
-            seq_ids=[row.seq_id for row in rows],
-            sampled=sample_tokens(logits_t, [row.sampling for row in rows], positions),
-            logits=logits_t,
-            positions=torch.tensor(positions, dtype=torch.int64),
-            hidden=torch.from_numpy(np.stack(hidden)) if return_hidden else None,
-        )
-        if top_logits:
-            result.topk_values, result.topk_indices = torch.topk(logits_t, top_logits, dim=-1)
+        result = sampled_result(rows, torch.from_numpy(np.stack(logits)), positions, top_logits,
+                                torch.from_numpy(np.stack(hidden)) if return_hidden else None)
         self._wait(started, self.profile.step_ms(len(rows), sum(map(len, tokens))) / 1e3)
         return result
 
@@ -129,35 +97,6 @@ class SimulatedEngine(Engine):
         """(logits [V], hidden [H]) after the full context: a ``runtime.reference.FullRecompute``."""
         logits, hidden = self._source.signals(list(tokens), len(tokens), hidden=True)
         return torch.from_numpy(logits), torch.from_numpy(hidden)
-
-    def _validate(self, rows: Sequence[StepRow], top_logits: int) -> list[tuple[int, ...]]:
-        """Every check before any state changes; returns each row's new tokens as ints."""
-        if not rows:
-            raise ValueError("a step needs at least one row")
-        if not 0 <= top_logits <= self.vocab_size:
-            raise ValueError(f"top_logits must lie in [0, {self.vocab_size}], got {top_logits}")
-        seen: set[SeqId] = set()
-        out = []
-        for row in rows:
-            if row.seq_id not in self._pool:
-                raise UnknownSequence(row.seq_id)
-            if row.seq_id in seen:
-                raise ValueError(f"sequence {row.seq_id!r} appears twice in one step")
-            seen.add(row.seq_id)
-            try:
-                new = tuple(operator.index(t) for t in row.new_tokens)
-            except TypeError:
-                raise ValueError(f"sequence {row.seq_id!r}: token ids must be integers") from None
-            if not new:
-                raise ValueError(f"sequence {row.seq_id!r}: a row needs at least one new token")
-            if min(new) < 0 or max(new) >= self.vocab_size:
-                raise ValueError(f"sequence {row.seq_id!r}: token ids must lie in [0, {self.vocab_size}), "
-                                 f"got {min(new)}..{max(new)}")
-            total = self._pool.length(row.seq_id) + len(new)
-            if total > self.max_model_len:
-                raise ValueError(f"sequence {row.seq_id!r}: {total} tokens exceed max_model_len {self.max_model_len}")
-            out.append(new)
-        return out
 
     def _wait(self, started: float, latency_s: float) -> None:
         """Sleep out the rest of the profiled latency (the token source's own time counts)."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import operator
 import os
 import shutil
 import tempfile
@@ -38,7 +37,7 @@ import torch
 from ..config import ModelSpec
 from .base import Engine, SeqId, StepResult, StepRow, UnknownSequence
 from .kv_pool import BlockPool
-from .sampling import sample_tokens
+from .pooled import check_rows, sampled_result
 
 TARGET_VERSION = "0.14.0"
 INSTALL_HINT = (
@@ -301,44 +300,16 @@ class ContextBook:
             self.pool.truncate(request.seq_id, request.start)
 
     def _plan(self, rows: Sequence[StepRow], top_logits: int) -> list[NextTokenRequest]:
-        if not rows:
-            raise ValueError("a step needs at least one row")
-        if not 0 <= top_logits <= self.vocab_size:
-            raise ValueError(f"top_logits must lie in [0, {self.vocab_size}], got {top_logits}")
-        if len({row.seq_id for row in rows}) != len(rows):
-            raise ValueError("a sequence appears twice in one step")
-        return [self._request(row) for row in rows]
-
-    def _request(self, row: StepRow) -> NextTokenRequest:
-        context = self.context(row.seq_id)
-        try:
-            new = tuple(operator.index(t) for t in row.new_tokens)
-        except TypeError:
-            raise ValueError(f"sequence {row.seq_id!r}: token ids must be integers") from None
-        if not new:
-            raise ValueError(f"sequence {row.seq_id!r}: a row needs at least one new token")
-        if min(new) < 0 or max(new) >= self.vocab_size:
-            raise ValueError(f"sequence {row.seq_id!r}: token ids must lie in [0, {self.vocab_size}), "
-                             f"got {min(new)}..{max(new)}")
-        if len(context) + len(new) > self.max_model_len:
-            raise ValueError(f"sequence {row.seq_id!r}: {len(context) + len(new)} tokens exceed max_model_len "
-                             f"{self.max_model_len}")
-        return NextTokenRequest(row.seq_id, context + new, len(context))
+        new_tokens = check_rows(rows, top_logits=top_logits, vocab_size=self.vocab_size,
+                                max_model_len=self.max_model_len, cached_length=lambda s: len(self.context(s)))
+        return [NextTokenRequest(row.seq_id, self.context(row.seq_id) + new, len(self.context(row.seq_id)))
+                for row, new in zip(rows, new_tokens)]
 
 
 def step_result(rows: Sequence[StepRow], requests: Sequence[NextTokenRequest], logits: torch.Tensor,
                 top_logits: int) -> StepResult:
     """Sample every row from its next-token logits [B, V], as every engine does."""
-    positions = [request.position for request in requests]
-    result = StepResult(
-        seq_ids=[row.seq_id for row in rows],
-        sampled=sample_tokens(logits, [row.sampling for row in rows], positions),
-        logits=logits,
-        positions=torch.tensor(positions, dtype=torch.int64),
-    )
-    if top_logits:
-        result.topk_values, result.topk_indices = torch.topk(logits, top_logits, dim=-1)
-    return result
+    return sampled_result(rows, logits, [request.position for request in requests], top_logits)
 
 
 def first_token_logits(raw: Any, vocab_size: int) -> torch.Tensor:

@@ -14,14 +14,13 @@ import torch
 from transformers import PreTrainedModel
 
 from ..config import ModelSpec
-from .base import Engine, SeqId, StepResult, StepRow, UnknownSequence
-from .kv_pool import BlockPool
+from .base import SeqId, StepResult, StepRow
 from .loader import load_causal_lm, resolve_device
 from .paged_attention import ATTN_IMPLEMENTATION, LAYOUT_KWARG, PagedKVCache, StepLayout
-from .sampling import sample_tokens
+from .pooled import PooledEngine, sampled_result
 
 
-class TorchEngine(Engine):
+class TorchEngine(PooledEngine):
     def __init__(self, name: str, model: PreTrainedModel, *, num_blocks: int, block_size: int,
                  threads: int | None = None) -> None:
         self.name = name
@@ -32,7 +31,7 @@ class TorchEngine(Engine):
         self._device = next(model.parameters()).device
         self._dtype = next(model.parameters()).dtype
         self._config = config
-        self._pool = BlockPool(num_blocks, block_size)
+        super().__init__(num_blocks, block_size)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self._cache = PagedKVCache(config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
                                    head_dim, self._dtype, self._device)
@@ -79,19 +78,7 @@ class TorchEngine(Engine):
     def dtype(self) -> torch.dtype:
         return self._dtype
 
-    # --- KV pool --------------------------------------------------------------------------------
-    @property
-    def block_size(self) -> int:
-        return self._pool.block_size
-
-    @property
-    def num_total_blocks(self) -> int:
-        return self._pool.num_blocks
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self._pool.num_free
-
+    # --- KV pool ----------------------------------------------------------------------------------
     def blocks_needed(self, seq_id: SeqId, extra_tokens: int) -> int:
         """New blocks that appending ``extra_tokens`` to a held sequence would take."""
         return self._pool.blocks_needed(seq_id, extra_tokens)
@@ -107,25 +94,10 @@ class TorchEngine(Engine):
         keys, values = (pool[layer].flatten(0, 1)[slots].cpu() for pool in (self._cache.keys, self._cache.values))
         return keys, values
 
-    # --- sequences ------------------------------------------------------------------------------
-    def add_sequence(self, seq_id: SeqId) -> None:
-        self._pool.add(seq_id)
-
-    def has_sequence(self, seq_id: SeqId) -> bool:
-        return seq_id in self._pool
-
-    def num_cached(self, seq_id: SeqId) -> int:
-        return self._pool.length(seq_id)
-
-    def sequence_ids(self) -> list[SeqId]:
-        return self._pool.sequence_ids()
-
-    def release(self, seq_id: SeqId) -> bool:
-        return self._pool.free(seq_id)
-
     # --- the step -------------------------------------------------------------------------------
     def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
-        self._validate(rows, top_logits)
+        self._check_attention()
+        self.check_rows(rows, top_logits)
         self._set_threads()
         starts = [self._pool.length(row.seq_id) for row in rows]
         self._pool.append({row.seq_id: len(row.new_tokens) for row in rows})  # all or nothing
@@ -154,41 +126,11 @@ class TorchEngine(Engine):
         hidden = out.last_hidden_state[0, layout.last_index]  # [R, H], post-norm
         logits = self.model.lm_head(hidden).float()
         positions = [start + count for start, count in zip(starts, counts)]
-        sampled = sample_tokens(logits, [row.sampling for row in rows], positions)
-        result = StepResult(
-            seq_ids=[row.seq_id for row in rows],
-            sampled=sampled.cpu(),
-            logits=logits.cpu(),
-            positions=torch.tensor(positions, dtype=torch.long),
-            hidden=hidden.cpu() if return_hidden else None,
-        )
-        if top_logits:
-            top = torch.topk(logits, top_logits, dim=-1)
-            result.topk_values, result.topk_indices = top.values.cpu(), top.indices.cpu()
-        return result
+        return sampled_result(rows, logits, positions, top_logits, hidden if return_hidden else None)
 
-    def _validate(self, rows: Sequence[StepRow], top_logits: int) -> None:
+    def _check_attention(self) -> None:
         if self._config._attn_implementation != ATTN_IMPLEMENTATION:
             raise RuntimeError(f"engine '{self.name}': the model's attention was switched away from the paged hook")
-        if not rows:
-            raise ValueError("a step needs at least one row")
-        if not 0 <= top_logits <= self.vocab_size:
-            raise ValueError(f"top_logits must be in [0, {self.vocab_size}], got {top_logits}")
-        seen: set[SeqId] = set()
-        for row in rows:
-            if row.seq_id in seen:
-                raise ValueError(f"sequence {row.seq_id!r} appears twice in one step")
-            seen.add(row.seq_id)
-            if row.seq_id not in self._pool:
-                raise UnknownSequence(row.seq_id)
-            if not row.new_tokens:
-                raise ValueError(f"sequence {row.seq_id!r}: a step row needs at least one new token")
-            bad = [t for t in row.new_tokens if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"sequence {row.seq_id!r}: token ids {bad[:5]} outside [0, {self.vocab_size})")
-            # Same limit as can_fit: the cached context may fill the model's whole position range.
-            if self._pool.length(row.seq_id) + len(row.new_tokens) > self.max_model_len:
-                raise ValueError(f"sequence {row.seq_id!r} would exceed max_model_len {self.max_model_len}")
 
     def _set_threads(self) -> None:
         if self.threads and not getattr(self._thread_state, "done", False):
@@ -196,8 +138,7 @@ class TorchEngine(Engine):
             self._thread_state.done = True
 
     def close(self) -> None:
-        for seq_id in self._pool.sequence_ids():
-            self._pool.free(seq_id)
+        self.release_all()
         self._cache = None
         self.model = None
 
