@@ -176,8 +176,8 @@ def report(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options, in the shape tools/cli.py expects of a subcommand module."""
     parser.add_argument("--pair", choices=("real", "tiny"), default="real")
     parser.add_argument("--roles", nargs="+", default=["small", "large"])
     parser.add_argument("--reps", type=int, default=3)
@@ -188,11 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="intra-op threads (on a busy shared machine, 1 avoids OpenMP barrier stalls)")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
-    args = parser.parse_args(argv)
-    if args.pair == "real":
-        paths = model_dirs()
-    else:
-        paths = ensure_tiny_pair("qwen2", 0)  # same family as the real pair
+
+
+def run(args: argparse.Namespace) -> int:
+    paths = model_dirs() if args.pair == "real" else ensure_tiny_pair("qwen2", 0)  # the real pair's family
     results = []
     for role in args.roles:
         results.append(bench_model(role, paths[role], args))
@@ -203,6 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    configure(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
