@@ -122,6 +122,7 @@ def test_subsets_are_deterministic():
     sample = [p["task_id"] for p in load_problems(5, sample_seed=3)]
     assert sample == [p["task_id"] for p in load_problems(5, sample_seed=3)] != [p["task_id"] for p in first]
     assert sample == sorted(sample, key=lambda t: int(t.split("/")[1]))
+    assert set(sample) < {p["task_id"] for p in load_problems(12, sample_seed=3)}  # nested samples
     assert len(load_problems()) == len(load_problems(1000)) == 164
 
 

@@ -36,13 +36,15 @@ NEWLINE_RUNS = ("\n", "\n\n", "\n\n\n")
 
 CHAT_INSTRUCTION = ("Complete the following Python function. Answer with the complete function in one "
                     "```python code block.\n\n```python\n{prompt}```")
-PREFILL_INSTRUCTION = "Complete the following Python function."
+# "Complete the following ..." made the 1.5B answer with a "# Your code here / pass" stub on 15 of
+# 40 problems; asking for the implementation cut that to 3 (docs/quality.md).
+PREFILL_INSTRUCTION = "Write the complete implementation of the following Python function."
 FENCED_BLOCK = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
 def load_problems(subset: int | None = None, sample_seed: int | None = None) -> list[dict[str, Any]]:
-    """HumanEval's problems in task order; ``subset`` keeps the first N, or a seeded sample of N
-    (kept in task order) when ``sample_seed`` is given."""
+    """HumanEval's problems in task order; ``subset`` keeps the first N, or with ``sample_seed`` the
+    first N of a seeded shuffle (kept in task order), so a smaller sample is part of a larger one."""
     problems = list(read_problems().values())
     if subset is None or subset >= len(problems):
         return problems
@@ -50,8 +52,9 @@ def load_problems(subset: int | None = None, sample_seed: int | None = None) -> 
         raise ValueError(f"subset must be >= 1, got {subset}")
     if sample_seed is None:
         return problems[:subset]
-    keep = sorted(random.Random(sample_seed).sample(range(len(problems)), subset))
-    return [problems[i] for i in keep]
+    order = list(range(len(problems)))
+    random.Random(sample_seed).shuffle(order)
+    return [problems[i] for i in sorted(order[:subset])]
 
 
 def uses_chat_template(mode: Mode) -> bool:
