@@ -63,7 +63,7 @@ def test_a_chat_answer_with_the_whole_function_in_a_fence_passes(problems):
 @pytest.mark.parametrize("text, expected", [
     ("    return 1\n", "    return 1\n"),
     ("    return 1\n\n\ndef helper():\n    pass\n", "    return 1\n\n"),
-    ("    x = 1\n    # inner comment\n    return x\n\n# Example\nprint(f())", "    x = 1\n    # inner comment\n    return x\n"),
+    ("    x = 1\n    # inner\n    return x\n\n# Example\nprint(f())", "    x = 1\n    # inner\n    return x\n"),
     ("    return 1\n\nif __name__ == '__main__':\n    f()", "    return 1\n"),
     ("    return 1\n```\nThis function ...", "    return 1"),
     ("    if x:\n        return 1\n    print(x)\n", "    if x:\n        return 1\n    print(x)\n"),  # indented: kept
@@ -168,6 +168,10 @@ def test_summary_target_json_and_table(tmp_path):
     assert not rows["citer"].meets_target and not rows["random"].meets_target
     assert rows["random"].gain_ratio == pytest.approx(0.5)
     assert rows["slm_only"].stderr == pytest.approx(binomial_stderr(0.2, 5))
+    assert (rows["r2r:threshold=0.2"].gained, rows["r2r:threshold=0.2"].lost) == (2, 0)
+    assert (rows["slm_only"].gained, rows["slm_only"].lost) == (0, 0)
+    flipped = summarize([runs[0], _run("random", [False, True, False, False, True], 1)])[1]
+    assert (flipped.gained, flipped.lost) == (2, 1)
 
     path = tmp_path / "q.json"
     write_json(path, {"mode": "plain"}, runs)
@@ -178,13 +182,14 @@ def test_summary_target_json_and_table(tmp_path):
 
     table = markdown_table(summarize(runs)).splitlines()
     assert len(table) == 2 + len(runs)
-    assert "| `r2r:threshold=0.2` | 5 | 0.600 (3/5) |" in table[4] and "20.0%" in table[4] and "**yes**" in table[4]
+    assert "| `r2r:threshold=0.2` | 5 | 0.600 (3/5) | 0.219 | +2 / −0 | 20.0% |" in table[4] and "**yes**" in table[4]
     assert "| `citer` |" in table[5] and "| no |" in table[5]
 
 
 def test_no_gain_ratio_without_both_baselines():
     rows = summarize([_run("slm_only", [True], 0), _run("r2r", [True], 1)])
     assert all(s.gain_ratio is None and not s.meets_target for s in rows)
+    assert all(s.gained is None and s.lost is None for s in summarize([_run("llm_only", [True], 1)]))
 
 
 # --- end to end on the tiny pair ----------------------------------------------------------------

@@ -32,6 +32,10 @@ class Summary:
     wall_s: float
     gain_ratio: float | None
     meets_target: bool
+    # Paired with SLM-only on the same problems (None without it): problems this setting passes and
+    # SLM-only fails, and the reverse. Only these move pass@1 away from SLM-only's.
+    gained: int | None
+    lost: int | None
 
 
 def binomial_stderr(p: float, n: int) -> float:
@@ -49,17 +53,22 @@ def gain_ratio(pass_policy: float, pass_slm: float, pass_llm: float) -> float | 
 
 
 def summarize(runs: Sequence[PolicyRun]) -> list[Summary]:
-    """One row per run, in order; gain ratios need the slm_only and llm_only runs among them."""
-    by_policy = {run.label: run for run in runs}
-    rates = {label: _pass_rate(run) for label, run in by_policy.items()}
+    """One row per run, in order; gain ratios and paired counts need the slm_only and llm_only runs."""
+    by_label = {run.label: run for run in runs}
+    rates = {label: _pass_rate(run) for label, run in by_label.items()}
+    slm_passed = {r.task_id: r.passed for r in by_label[SLM].records} if SLM in by_label else None
     rows = []
     for run in runs:
         p = rates[run.label]
         ratio = gain_ratio(p, rates[SLM], rates[LLM]) if SLM in rates and LLM in rates else None
         meets = ratio is not None and ratio >= TARGET_GAIN_RATIO and run.large_share <= TARGET_LARGE_SHARE
+        gained = lost = None
+        if slm_passed is not None:
+            gained = sum(r.passed and not slm_passed[r.task_id] for r in run.records)
+            lost = sum(slm_passed[r.task_id] and not r.passed for r in run.records)
         rows.append(Summary(run.label, run.policy, len(run.records), sum(r.passed for r in run.records), p,
                             binomial_stderr(p, len(run.records)), run.large_share, run.tokens_per_s,
-                            run.output_tokens, run.wall_s, ratio, meets))
+                            run.output_tokens, run.wall_s, ratio, meets, gained, lost))
     return rows
 
 
@@ -80,12 +89,14 @@ def read_json(path: Path) -> tuple[dict[str, Any], list[PolicyRun]]:
 
 
 def markdown_table(rows: Sequence[Summary]) -> str:
-    lines = ["| policy | N | pass@1 | ± s.e. | large-model share | tokens/s | gain ratio | target |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    header = ["policy", "N", "pass@1", "± s.e.", "vs SLM-only (+/−)", "large-model share", "tokens/s", "gain ratio",
+              "target"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for s in rows:
         ratio = "—" if s.gain_ratio is None else f"{s.gain_ratio:.2f}"
         target = "—" if s.label in (SLM, LLM) else ("**yes**" if s.meets_target else "no")
-        lines.append(f"| `{s.label}` | {s.n} | {s.pass_at_1:.3f} ({s.passed}/{s.n}) | {s.stderr:.3f} | "
+        paired = "—" if s.gained is None or s.label == SLM else f"+{s.gained} / −{s.lost}"
+        lines.append(f"| `{s.label}` | {s.n} | {s.pass_at_1:.3f} ({s.passed}/{s.n}) | {s.stderr:.3f} | {paired} | "
                      f"{s.large_share:.1%} | {s.tokens_per_s:.1f} | {ratio} | {target} |")
     return "\n".join(lines) + "\n"
 
