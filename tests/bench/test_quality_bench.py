@@ -19,7 +19,7 @@ from tokenrouter_tools.quality_bench.report import (
     binomial_stderr, gain_ratio, markdown_table, read_json, summarize, write_json,
 )
 from tokenrouter_tools.quality_bench.runner import PolicyRun, ProblemRecord
-from tokenrouter_tools.quality_bench.settings import parse_settings
+from tokenrouter_tools.quality_bench.settings import PRESETS, parse_settings
 
 QWEN_TOKENIZER = Path(__file__).resolve().parents[2] / "engines/build/models/qwen2.5-coder-0.5b-instruct"
 
@@ -124,6 +124,13 @@ def test_subsets_are_deterministic():
     assert sample == sorted(sample, key=lambda t: int(t.split("/")[1]))
     assert set(sample) < {p["task_id"] for p in load_problems(12, sample_seed=3)}  # nested samples
     assert len(load_problems()) == len(load_problems(1000)) == 164
+
+
+def test_every_shipped_policy_has_a_preset():
+    from tokenrouter.policies import registered_policies
+
+    shipped = {name for name, cls in registered_policies().items() if cls.__module__.startswith("tokenrouter.")}
+    assert set(PRESETS) == shipped
 
 
 def test_settings_merge_presets_and_keep_list_values_whole():
