@@ -38,13 +38,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     p = suites.add_parser("compare", help="all systems side by side at one concurrency, ratios vs targets")
     p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, help="default: all (real: llm_only slm_only tokenrouter)")
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, metavar="SYSTEM",
+                   help=f"of {', '.join(SYSTEMS)}; default: all (real: llm_only slm_only tokenrouter)")
     p.add_argument("--workload", choices=WORKLOADS, default="short-long")
     _common(p, reps=3)
 
     p = suites.add_parser("sweep", help="concurrency sweep over workloads and systems")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=DEFAULT_SWEEP)
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=DEFAULT_SWEEP, metavar="SYSTEM",
+                   help=f"of {', '.join(SYSTEMS)}; default: {' '.join(DEFAULT_SWEEP)}")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     _common(p, reps=1)
 

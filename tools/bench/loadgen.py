@@ -24,7 +24,6 @@ class LoadResult:
     records: list[RequestRecord]
     window: Window
     spans: Spans
-    clients: int
 
 
 def request_seed(seed: int, client: int, index: int) -> int:
@@ -79,4 +78,4 @@ def run_closed_loop(target: Target, workload: Workload, source: PromptSource, *,
         thread.join()
     if failures:
         raise failures[0]
-    return LoadResult(records, window, target.step_spans(), clients)
+    return LoadResult(records, window, target.step_spans())

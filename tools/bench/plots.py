@@ -11,6 +11,8 @@ matplotlib.use("Agg")  # files only; no display on a server
 
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
+from .report import fmt  # noqa: E402
+
 
 def _save(fig: Any, path: Path) -> Path:
     path = Path(path)
@@ -51,7 +53,7 @@ def plot_compare(result: dict[str, Any], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.2))
     bars = ax.bar(systems, values, yerr=[low, high], capsize=3,
                   color=["tab:orange" if s == "tokenrouter" else "tab:blue" for s in systems])
-    ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.bar_label(bars, labels=[fmt(v) for v in values], fontsize=8, padding=2)
     ax.set_ylabel("tokens/s")
     ax.set_title(f"{result['setup']['kind']}: N = {result['clients']}, {result['workload']['kind']}, "
                  f"median of {result['reps']}")
