@@ -42,12 +42,13 @@ def measure(factory: SystemFactory, system: str, clients: int, workload: Workloa
 
 def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over repetitions of the summary numbers (busy fractions per model too)."""
-    out = {key: _median(row[key] for row in rows) for key in SUMMARY_KEYS}
-    out["busy"] = {model: _median(row["busy"].get(model) for row in rows) for model in rows[0]["busy"]}
+    out = {key: median_of(row[key] for row in rows) for key in SUMMARY_KEYS}
+    out["busy"] = {model: median_of(row["busy"].get(model) for row in rows) for model in rows[0]["busy"]}
     out["throughput_all"] = [row["throughput"] for row in rows]
     return out
 
 
-def _median(values: Iterable[float | None]) -> float | None:
+def median_of(values: Iterable[float | None]) -> float | None:
+    """The median of the values that are present (None when none is)."""
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None

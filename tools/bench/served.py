@@ -19,14 +19,15 @@ from tokenrouter.engine.factory import create_engine
 from tokenrouter.runtime.api import TokenRoutingEngine
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec
-from ..triton_server import Ports, TritonServer, build_backend_dir, find_triton
 
+from ..triton_server import Ports, TritonServer, build_backend_dir, find_triton
 from . import prometheus
 from .compare import side_by_side
+from .cpu import group_cpu_seconds, own_cpu_seconds
 from .loadgen import run_closed_loop
 from .records import summarize
 from .report import fmt, ms, pct, table, verdict
-from .runner import Timing, median_row
+from .runner import Timing, median_of, median_row
 from .targets import EmbeddedTarget, Target
 from .triton_target import TritonTarget
 from .workloads import TextPrompts, Workload
@@ -54,16 +55,25 @@ def run_served(config: TokenRouterConfig, clients: int, workload: Workload, timi
         try:
             server.start().wait_ready(600)
 
+            def cpu_seconds() -> tuple[float, float]:
+                """(this process: clients, and the runtime when embedded; the server's process group)"""
+                return own_cpu_seconds(), group_cpu_seconds(server.process.pid)
+
             def run(system: str, rep: int) -> dict[str, Any]:
                 target: Target = EmbeddedTarget(TokenRoutingEngine(config, engines=engines, codec=codec), large) \
                     if system == "embedded" else TritonTarget(server.grpc_url, large)
                 before = prometheus.scrape(metrics_url) if system == "served" else {}
+                cpu_before = cpu_seconds()
                 try:
                     result = run_closed_loop(target, workload, TextPrompts(), clients=clients, seed=seed + rep,
                                              warmup_s=timing.warmup_s, measure_s=timing.measure_s)
                 finally:
                     target.close()
                 row = summarize(result.records, result.window, clients, large=large, steps=result.spans).as_dict()
+                # over the whole run (warm-up included), per output token
+                tokens = max(1, sum(r.output_tokens for r in result.records))
+                row["cpu_ms_per_token"] = {where: 1e3 * (after - before) / tokens for where, after, before
+                                           in zip(("this process", "server"), cpu_seconds(), cpu_before)}
                 if system == "served":
                     row["peer_send"] = prometheus.histogram_delta(before, prometheus.scrape(metrics_url),
                                                                   PEER_HISTOGRAM)
@@ -85,10 +95,14 @@ def run_served(config: TokenRouterConfig, clients: int, workload: Workload, timi
 
 def markdown(result: dict[str, Any]) -> str:
     medians = result["medians"]
+    runs = result["runs"]
     rows = [[system, m["throughput"], ", ".join(fmt(x) for x in m["throughput_all"]), ms(m["ttft_median_s"]),
-             ms(m["latency_median_s"]), pct(m["large_share"])] for system, m in medians.items()]
+             ms(m["latency_median_s"]), pct(m["large_share"]),
+             median_of(r["cpu_ms_per_token"]["this process"] for r in runs[system]),
+             median_of(r["cpu_ms_per_token"]["server"] for r in runs[system])] for system, m in medians.items()]
     ratio = result["ratio"]
-    parts = [table(["path", "tokens/s (median)", "per repetition", "TTFT ms", "latency ms", "large share"], rows),
+    parts = [table(["path", "tokens/s (median)", "per repetition", "TTFT ms", "latency ms", "large share",
+                    "CPU ms/token, this process", "CPU ms/token, server"], rows),
              table(["served / embedded", "per repetition", "target", "verdict"],
                    [[ratio["median"], ", ".join(fmt(x) for x in ratio["per_rep"]), f">= {ratio['target']}",
                      ratio["verdict"]]])]
