@@ -1,15 +1,21 @@
 """The benchmark's Triton target against a real server: closed-loop gRPC streams, token
-attribution from `output_models`, and the peer round-trip histogram read off the metrics port."""
+attribution from `output_models`, the peer round-trip histogram read off the metrics port; and the
+served-vs-embedded suite end to end on the shipped tiny config."""
 
 from __future__ import annotations
 
+import pytest
+
+from tokenrouter.config import load_config
 from tokenrouter.serving.repository import render_repository
 from tokenrouter_tools.bench import prometheus
 from tokenrouter_tools.bench.loadgen import run_closed_loop
 from tokenrouter_tools.bench.records import summarize
-from tokenrouter_tools.bench.served import PEER_HISTOGRAM
+from tokenrouter_tools.bench.runner import Timing
+from tokenrouter_tools.bench.served import PEER_HISTOGRAM, run_served
 from tokenrouter_tools.bench.triton_target import TritonTarget
 from tokenrouter_tools.bench.workloads import TextPrompts, Workload
+from tokenrouter_tools.serve import TINY_CONFIG
 
 
 def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(start_server, tiny_pair,
@@ -39,3 +45,15 @@ def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(st
     assert summary.output_tokens > 0 and 0 < summary.large_share < 1
     peer = prometheus.histogram_delta(before, prometheus.scrape(metrics_url), PEER_HISTOGRAM)
     assert peer["slm"]["count"] > 0 and peer["slm"]["mean_s"] > 0
+
+
+def test_served_suite_alternates_both_paths_and_reports_their_ratio(tiny_pair):
+    config = load_config(TINY_CONFIG)  # the shipped config, on the pair tiny_pair just built
+    result = run_served(config, 2, Workload("short-long", (8, 16), 12, max_context=512), Timing(0.3, 1.0), reps=2)
+    runs = result["runs"]
+    assert [r["rep"] for r in runs["embedded"]] == [r["rep"] for r in runs["served"]] == [0, 1]
+    assert result["ratio"]["per_rep"] == pytest.approx([s["throughput"] / e["throughput"]
+                                                        for s, e in zip(runs["served"], runs["embedded"])])
+    for run in runs["served"]:
+        assert run["cpu_ms_per_token"]["server"] > 0 and run["output_tokens"] > 0
+    assert all(run["busy"] for run in runs["embedded"]) and not any(run["busy"] for run in runs["served"])
