@@ -169,16 +169,6 @@ def test_bad_steps_raise_and_change_nothing(engine: SimulatedEngine, rows, kwarg
     assert engine.num_cached("a") == 3 and engine.num_used_blocks == 1
 
 
-def test_sequence_bookkeeping(engine: SimulatedEngine) -> None:
-    engine.add_sequence("a")
-    with pytest.raises(ValueError):
-        engine.add_sequence("a")
-    assert engine.has_sequence("a") and engine.sequence_ids() == ["a"] and engine.num_cached("a") == 0
-    with pytest.raises(UnknownSequence):
-        engine.num_cached("ghost")
-    assert engine.release("a") and not engine.release("a") and not engine.has_sequence("a")
-
-
 def test_profiles() -> None:
     assert PROFILES["a100-r2r-0.6b"].step_ms(1, 1) == pytest.approx(6.0)
     assert PROFILES["a100-r2r-32b"].step_ms(1, 1) == pytest.approx(27.9)

@@ -80,18 +80,6 @@ def test_bad_steps_raise_and_change_nothing(engine, rows, error):
     assert engine.num_cached("a") == 3 and engine.num_used_blocks == 1
 
 
-def test_sequence_bookkeeping(engine):
-    engine.add_sequence("a")
-    with pytest.raises(ValueError):
-        engine.add_sequence("a")
-    assert engine.has_sequence("a") and engine.sequence_ids() == ["a"] and engine.num_cached("a") == 0
-    with pytest.raises(UnknownSequence):
-        engine.num_cached("ghost")
-    with pytest.raises(ValueError):
-        engine.step([StepRow("a", [5])], top_logits=-1)
-    assert engine.release("a") and not engine.release("a") and not engine.has_sequence("a")
-
-
 def test_max_model_len_is_enforced(tiny_pair, make_engine):
     engine = make_engine(tiny_pair["small"], block_size=64, kv_cache_tokens=8192)
     engine.add_sequence("long")

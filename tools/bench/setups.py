@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from tokenrouter.config import ModelSpec
@@ -84,13 +85,19 @@ def sim_setup(rate: float = 0.35, *, prefill_cost: bool = True, time_scale: floa
     )
 
 
+def _pair_models(pair: dict[str, Path], *, kv_cache_tokens: int, threads: int | None) -> dict[str, dict[str, Any]]:
+    """Model specs for a built pair: the small model serves as SMALL, the large one as LARGE."""
+    return {name: {"path": str(pair[size]), "kv_cache_tokens": kv_cache_tokens, "max_batch_size": 16,
+                   "threads": threads}
+            for name, size in ((SMALL, "small"), (LARGE, "large"))}
+
+
 def tiny_setup(rate: float = 0.3, threads: int | None = 1) -> Setup:
     """The pair and settings of configs/tiny.yaml (what `tokenrouter serve --tiny` serves)."""
     from tokenrouter_engines.tiny import ensure_tiny_pair
 
     pair = ensure_tiny_pair("qwen3", 0)
-    models = {name: {"path": str(pair[size]), "kv_cache_tokens": 8192, "max_batch_size": 16, "threads": threads}
-              for name, size in ((SMALL, "small"), (LARGE, "large"))}
+    models = _pair_models(pair, kv_cache_tokens=8192, threads=threads)
     return Setup(
         kind="tiny", models=models, rate=rate,
         workloads={
@@ -107,8 +114,7 @@ def real_setup(rate: float = 0.1, threads: int | None = 2) -> Setup:
     from tokenrouter_engines.models import ensure_real_pair
 
     pair = ensure_real_pair(progress=True)
-    models = {name: {"path": str(pair[size]), "kv_cache_tokens": 4096, "max_batch_size": 16, "threads": threads}
-              for name, size in ((SMALL, "small"), (LARGE, "large"))}
+    models = _pair_models(pair, kv_cache_tokens=4096, threads=threads)
     return Setup(
         kind="real", models=models, rate=rate,
         workloads={
