@@ -104,6 +104,18 @@ def test_rendering_again_replaces_the_repository(tmp_path: Path) -> None:
     assert (tmp_path / "repo" / MARKER).is_file()
 
 
+def test_rendering_again_keeps_trained_routers(tmp_path: Path) -> None:
+    raw = rich_config(tmp_path)
+    repo = render_repository(raw, tmp_path / "repo")
+    trained = repo / "router" / "1" / "r2r"  # where `tokenrouter train-router` writes
+    trained.mkdir()
+    (trained / "metadata.json").write_text("{}")
+    (repo / "router" / "1" / "router.pt").write_bytes(b"stale")  # the config's weights file wins
+    render_repository(raw, tmp_path / "repo")
+    assert (repo / "router" / "1" / "r2r" / "metadata.json").read_text() == "{}"
+    assert (repo / "router" / "1" / "router.pt").read_bytes() == b"weights"
+
+
 def test_refuses_to_replace_a_folder_it_did_not_render(tmp_path: Path) -> None:
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")

@@ -273,7 +273,8 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
 
     ``out_dir`` is replaced as a whole (it must be empty, absent, or an earlier rendering), so a
     model dropped from the config does not linger. The policy's weights are copied into
-    router/1/. ``instance_kind`` applies to the subservers (KIND_GPU pins the device's GPU).
+    router/1/; trained routers already in the earlier rendering's router/1/ stay there.
+    ``instance_kind`` applies to the subservers (KIND_GPU pins the device's GPU).
     """
     config = load_config(config)
     out_dir = Path(out_dir).resolve()
@@ -293,11 +294,23 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
         weights = Path(config.policy.weights) if config.policy.weights else None
         files = {weights.name: weights} if weights else {}
         write_model(staging, _router_config(config, weights.name if weights else ""), files)
+        _keep_trained_routers(out_dir / ROUTER / "1", staging / ROUTER / "1")
         (staging / MARKER).write_text("Rendered by `tokenrouter build-repository`; rendering again replaces this folder.\n")
         _replace(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+def _keep_trained_routers(old: Path, new: Path) -> None:
+    """Carry the router folders of an earlier rendering (what `train-router` writes into router/1/,
+    minutes of training each) into the new one, unless the config's weights take that name.
+    Hard links: no copy of R2R's ~280 MB, and the earlier rendering stays whole until replaced."""
+    if not old.is_dir():
+        return
+    for folder in old.iterdir():
+        if folder.is_dir() and not (new / folder.name).exists():
+            shutil.copytree(folder, new / folder.name, copy_function=os.link)
 
 
 def _replace(new: Path, old: Path) -> None:
