@@ -1,0 +1,110 @@
+"""Every shipped policy served through Triton by editing only `router/config.pbtxt` (and, for the
+learned routers, putting their weights in `router/1/`), then restarting the server.
+
+Oracle: the served tokens and per-token models equal the embedded TokenRoutingEngine's on the
+configuration the edited repository describes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from google.protobuf import text_format
+from transformers import AutoConfig
+
+from tokenrouter import TokenRoutingEngine
+from tokenrouter.engine.factory import create_engine
+from tokenrouter.policies import registered_policies
+from tokenrouter.policies.networks import build_network, save_router
+from tokenrouter.serving.repository import HEADER, ROUTER, read_model_config, read_repository, render_repository
+
+from .clients import http_post
+from .test_routing_server import PROMPTS, routing_config, stream_ids
+
+NEWLINE = 198  # "\n" in the tiny pair's byte-level BPE: a GlimpRouter step is a line
+# Parameters under which each policy routes on the tiny pair's (very confident) distributions; the
+# learned routers get seeded random networks (the served path must reproduce them, not be good).
+SETTINGS: dict[str, dict] = {
+    "slm_only": {},
+    "llm_only": {},
+    "random": {"rate": 0.3, "seed": 4},
+    "r_stitch": {"threshold": 0.2},
+    "glimp": {"threshold": 0.05, "step_end_ids": [NEWLINE], "max_step_tokens": 4},
+    "citer": {},
+    "r2r": {},
+    "co_llm": {},
+    "ensemble": {"weights": [0.3, 0.7]},
+    "query_level": {"mode": "length", "min_prompt_tokens": 8},  # PROMPTS[2] is the long one
+}
+LEARNED = {"citer", "r2r", "co_llm"}
+# Which models write tokens: both, except for the single-model policies and ME (which commits the
+# mixed token on the last model of its ring, here the large one).
+WRITERS = {"slm_only": {"slm"}, "llm_only": {"llm"}, "ensemble": {"llm"}}
+
+
+def test_every_shipped_policy_is_listed_here() -> None:
+    assert set(SETTINGS) == set(registered_policies())
+
+
+@pytest.fixture(scope="module")
+def repository(tiny_pair, tmp_path_factory) -> Path:
+    """One rendered repository; each test edits its router model."""
+    return render_repository(routing_config(tiny_pair), tmp_path_factory.mktemp("policies-repo") / "repo")
+
+
+@pytest.fixture(scope="module")
+def engines(repository):
+    """The tiny engines once, shared by every embedded reference."""
+    config = read_repository(repository)
+    built = {name: create_engine(name, spec) for name, spec in config.models.items()}
+    yield built
+    for engine in built.values():
+        engine.close()
+
+
+def write_router(directory: Path, algorithm: str, small_model: Path) -> str:
+    """A seeded random router for the tiny SLM, as train-router lays one out; returns its folder name."""
+    shape = AutoConfig.from_pretrained(small_model)
+    if algorithm == "r2r":
+        architecture = {"kind": "r2r", "hidden_size": shape.hidden_size, "vocab_size": shape.vocab_size, "top_k": 8,
+                        "d_model": 16, "depth": 1, "expansion": 2}
+    else:
+        architecture = {"kind": "hidden_head", "hidden_size": shape.hidden_size, "width": 16, "depth": 1}
+    torch.manual_seed(7)
+    save_router(directory / algorithm, build_network(architecture),
+                {"algorithm": algorithm, "architecture": architecture, "threshold": 0.5})
+    return algorithm
+
+
+def edit_router(repository: Path, policy: str, params: dict, weights: str) -> None:
+    """Set policy, policy_params and policy_weights in router/config.pbtxt and nothing else."""
+    config = read_model_config(repository / ROUTER)
+    config.parameters["policy"].string_value = policy
+    config.parameters["policy_params"].string_value = json.dumps(params)
+    config.parameters["policy_weights"].string_value = weights
+    (repository / ROUTER / "config.pbtxt").write_text(HEADER + text_format.MessageToString(config))
+
+
+@pytest.mark.parametrize("policy", list(SETTINGS))
+def test_policy_served_by_editing_the_router_model(policy, repository, engines, start_server, tiny_pair):
+    weights = write_router(repository / ROUTER / "1", policy, tiny_pair["small"]) if policy in LEARNED else ""
+    edit_router(repository, policy, SETTINGS[policy], weights)
+    config = read_repository(repository)
+    assert (config.policy.name, config.policy.params) == (policy, SETTINGS[policy])
+
+    server = start_server(repository)
+    try:
+        status, text = http_post(server.http_url, "/v2/models/router/infer", {"inputs": []})
+        assert status == 200, text
+        assert json.loads(json.loads(text)["outputs"][0]["data"][0])["policy"] == policy
+        with TokenRoutingEngine(config, engines=engines) as embedded:
+            expected = embedded.generate(PROMPTS[:3], max_tokens=16, seed=9)
+        served = [stream_ids(server, prompt, max_tokens=16, random_seed=9) for prompt in PROMPTS[:3]]
+    finally:
+        server.stop()
+    for (ids, models, reason), want in zip(served, expected):
+        assert (ids, models, reason) == (want.token_ids, want.models, want.finish_reason)
+    used = {model for _, models, _ in served for model in models}
+    assert used == WRITERS.get(policy, {"slm", "llm"})
