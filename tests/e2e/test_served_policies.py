@@ -45,7 +45,9 @@ WRITERS = {"slm_only": {"slm"}, "llm_only": {"llm"}, "ensemble": {"llm"}}
 
 
 def test_every_shipped_policy_is_listed_here() -> None:
-    assert set(SETTINGS) == set(registered_policies())
+    # other tests register policies of their own; the shipped ones live in the package
+    shipped = {name for name, cls in registered_policies().items() if cls.__module__.startswith("tokenrouter.")}
+    assert set(SETTINGS) == shipped
 
 
 @pytest.fixture(scope="module")
