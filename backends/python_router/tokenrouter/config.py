@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 STRATEGIES = ("tokenrouter", "eager_async", "step_sync", "model_sync")
-ENGINE_KINDS = ("torch", "simulated", "tensorrt_llm")
+ENGINE_KINDS = ("vllm", "torch", "simulated", "tensorrt_llm")
 
 Threshold = Union[int, list[int], Literal["auto"]]
 
@@ -31,7 +31,7 @@ class ModelSpec(_Strict):
     """One subserver: its engine and its batching knobs."""
 
     path: str | None = Field(None, description="HF safetensors directory or a .gguf file (torch engine)")
-    engine: Literal["torch", "simulated", "tensorrt_llm"] = "torch"
+    engine: Literal["vllm", "torch", "simulated", "tensorrt_llm"] = "torch"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
     threads: int | None = Field(None, ge=1, description="intra-op threads for this engine; default: torch's")
@@ -63,7 +63,7 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _needs_path(self) -> "ModelSpec":
-        if self.engine in ("torch", "tensorrt_llm") and not self.path:
+        if self.engine in ("vllm", "torch", "tensorrt_llm") and not self.path:
             raise ValueError(f"engine '{self.engine}' needs 'path' (an HF directory or a .gguf file)")
         if self.engine == "simulated" and self.profile is None:
             raise ValueError("engine 'simulated' needs 'profile' (a profile name or a dict)")
