@@ -115,7 +115,7 @@ class EngineProcess(Engine):
         return result
 
     def call(self, method: str, *args: Any) -> Any:
-        """Any other engine method by name, run in the child (tests read vLLM's counters with it)."""
+        """Any other engine method (or attribute) by name, in the child (tests read vLLM's counters)."""
         return self._call(method, *args)
 
     def close(self) -> None:
@@ -184,7 +184,9 @@ def _serve(conn: Connection) -> None:
             break
         _, method, args, kwargs = message
         try:
-            value = getattr(engine, method)(*args, **kwargs)
+            value = getattr(engine, method)
+            if callable(value):
+                value = value(*args, **kwargs)
             _reply(conn, "ok", value, engine.num_free_blocks)
         except Exception as err:  # noqa: BLE001 - per-call errors go back to the caller
             _reply(conn, "error", err, engine.num_free_blocks)

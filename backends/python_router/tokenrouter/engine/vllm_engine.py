@@ -51,7 +51,10 @@ class VLLMEngine(Engine):
         self._request_ids: dict[SeqId, str] = {}
         self._next_id = 0
         self._capture: dict[str, Any] | None = None
+        self._scheduled: dict[str, int] = {}
+        self.last_step_tokens: dict[SeqId, int] = {}  # tokens vLLM computed per row in the last step
         self._wrap_compute_logits()
+        self._wrap_schedule()
 
     @classmethod
     def from_spec(cls, name: str, spec: ModelSpec) -> "VLLMEngine":
@@ -74,7 +77,8 @@ class VLLMEngine(Engine):
         args = EngineArgs(
             model=spec.path,
             dtype=spec.dtype,
-            max_model_len=hf_config.max_position_embeddings,
+            # vLLM refuses a pool that cannot hold one request of max_model_len.
+            max_model_len=min(hf_config.max_position_embeddings, spec.kv_cache_tokens),
             block_size=spec.block_size,
             # +1: vLLM reserves one null block; the rest is exactly the spec's pool, so admission
             # control (which computes capacities from specs) and the engine agree.
@@ -160,6 +164,10 @@ class VLLMEngine(Engine):
         request = self._scheduler.requests.get(self._request_ids[seq_id])
         return 0 if request is None else request.num_computed_tokens
 
+    def block_ids(self, seq_id: SeqId) -> list[int]:
+        """The KV block ids vLLM holds for the sequence, in context order (tests check reuse with it)."""
+        return list(self._scheduler.kv_cache_manager.get_block_ids(self._request_ids[seq_id])[0])
+
     # --- the step -------------------------------------------------------------------------------
     def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
         tokens = check_rows(rows, top_logits=top_logits, vocab_size=self.vocab_size,
@@ -170,6 +178,7 @@ class VLLMEngine(Engine):
         self._capture = {"hidden": return_hidden}
         try:
             self._core.step()
+            self._check_scheduled(rows, tokens)
             logits, hidden = self._captured_rows(rows)
         except BaseException:
             # The chunks may be half-computed inside vLLM: those sequences cannot be trusted.
@@ -200,6 +209,14 @@ class VLLMEngine(Engine):
         core_request, wave = self._core.preprocess_add_request(request)
         self._core.add_request(core_request, wave)
 
+    def _check_scheduled(self, rows: Sequence[StepRow], tokens: list[tuple[int, ...]]) -> None:
+        """Every row's whole chunk ran in this step (a split chunk would sample a wrong position)."""
+        self.last_step_tokens = {row.seq_id: self._scheduled.get(self._request_ids[row.seq_id], 0) for row in rows}
+        for row, new in zip(rows, tokens):
+            if self.last_step_tokens[row.seq_id] != len(new):
+                raise RuntimeError(f"engine '{self.name}': vLLM scheduled {self.last_step_tokens[row.seq_id]} of "
+                                   f"{len(new)} tokens of {row.seq_id!r} (max_num_batched_tokens too small?)")
+
     def _captured_rows(self, rows: Sequence[StepRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (and hidden states) of the step's rows, in the order the rows were given."""
         capture = self._capture
@@ -213,6 +230,17 @@ class VLLMEngine(Engine):
         logits = capture["logits"][index].float()
         hidden = capture["hidden_states"][index] if capture.get("hidden_states") is not None else None
         return logits, hidden
+
+    def _wrap_schedule(self) -> None:
+        """Record how many tokens vLLM schedules per request in each step."""
+        schedule = self._scheduler.schedule
+
+        def recording_schedule(*args: Any, **kwargs: Any) -> Any:
+            output = schedule(*args, **kwargs)
+            self._scheduled = dict(output.num_scheduled_tokens)
+            return output
+
+        self._scheduler.schedule = recording_schedule
 
     def _wrap_compute_logits(self) -> None:
         """Capture compute_logits' input (final-norm hidden states of the sampled positions, rows
