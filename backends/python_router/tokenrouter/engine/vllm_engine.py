@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import Any, Sequence
 
 import torch
@@ -55,6 +56,10 @@ class VLLMEngine(Engine):
         self.last_step_tokens: dict[SeqId, int] = {}  # tokens vLLM computed per row in the last step
         self._wrap_compute_logits()
         self._wrap_schedule()
+        # Intra-op threads are per OS thread, and vLLM's CPU attention checks that the stepping
+        # thread uses the count its metadata was planned with (the count set up at start here).
+        self._threads = torch.get_num_threads()
+        self._thread_state = threading.local()
 
     @classmethod
     def from_spec(cls, name: str, spec: ModelSpec) -> "VLLMEngine":
@@ -173,6 +178,7 @@ class VLLMEngine(Engine):
         tokens = check_rows(rows, top_logits=top_logits, vocab_size=self.vocab_size,
                             max_model_len=self.max_model_len, cached_length=self.num_cached)
         self._check_capacity(rows, tokens)
+        self._match_threads()
         for row, new in zip(rows, tokens):
             self._add_chunk(self._request_ids[row.seq_id], list(new))
         self._capture = {"hidden": return_hidden}
@@ -192,6 +198,12 @@ class VLLMEngine(Engine):
             self._lengths[row.seq_id] += len(new)
             positions.append(self._lengths[row.seq_id])
         return sampled_result(rows, logits, positions, top_logits, hidden)
+
+    def _match_threads(self) -> None:
+        if not getattr(self._thread_state, "done", False):
+            # vLLM's CPU worker turns torch.set_num_threads into a no-op; call the setter beneath it.
+            torch._C.set_num_threads(self._threads)
+            self._thread_state.done = True
 
     def _check_capacity(self, rows: Sequence[StepRow], tokens: list[tuple[int, ...]]) -> None:
         """The contract: raise before anything changes when the pool cannot hold the step."""
@@ -260,6 +272,29 @@ class VLLMEngine(Engine):
             return logits
 
         model.compute_logits = capturing_compute_logits
+
+    def generate_natively(self, prompts: Sequence[Sequence[int]], max_tokens: int, *,
+                          stop_token_ids: Sequence[int] = ()) -> tuple[list[list[int]], int]:
+        """vLLM's own continuous-batching loop (what ``LLM.generate`` runs) on this engine's weights,
+        greedy: the ceiling the step adapter is measured against, and the large-model-alone
+        baseline. Stops at ``stop_token_ids`` (kept in the output, as our runtime keeps an eos) or
+        after ``max_tokens``. Held sequences stay parked meanwhile. Returns (tokens per prompt, steps)."""
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False, ignore_eos=True,
+                                stop_token_ids=list(stop_token_ids))
+        ids = [f"{self.name}-native-{self._next_id + i}" for i in range(len(prompts))]
+        self._next_id += len(prompts)
+        for request_id, prompt in zip(ids, prompts):
+            self._llm.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
+        outputs: dict[str, list[int]] = {}
+        steps = 0
+        while len(outputs) < len(ids):
+            for output in self._llm.step():
+                if output.finished:
+                    outputs[output.request_id] = list(output.outputs[0].token_ids)
+            steps += 1
+        return [outputs[request_id] for request_id in ids], steps
 
     def close(self) -> None:
         for seq_id in list(self._lengths):
