@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from typing import Any, Sequence
 
 import torch
@@ -52,6 +53,7 @@ class VLLMEngine(Engine):
         self._request_ids: dict[SeqId, str] = {}
         self._next_id = 0
         self._capture: dict[str, Any] | None = None
+        self._chunk_params: Any = None  # vLLM's processed SamplingParams of a one-token chunk
         self._scheduled: dict[str, int] = {}
         self.last_step_tokens: dict[SeqId, int] = {}  # tokens vLLM computed per row in the last step
         self._wrap_compute_logits()
@@ -180,7 +182,7 @@ class VLLMEngine(Engine):
         self._check_capacity(rows, tokens)
         self._match_threads()
         for row, new in zip(rows, tokens):
-            self._add_chunk(self._request_ids[row.seq_id], list(new))
+            self._add_chunk(self._request_ids[row.seq_id], list(new), first=self._lengths[row.seq_id] == 0)
         self._capture = {"hidden": return_hidden}
         try:
             self._core.step()
@@ -212,12 +214,25 @@ class VLLMEngine(Engine):
         if need > self.num_free_blocks:
             raise KVCacheExhausted(f"engine '{self.name}': step needs {need} new blocks, {self.num_free_blocks} free")
 
-    def _add_chunk(self, request_id: str, tokens: list[int]) -> None:
-        from vllm import SamplingParams, TokensPrompt
+    def _add_chunk(self, request_id: str, tokens: list[int], first: bool) -> None:
+        """Queue ``tokens`` as the request's next input chunk. A first chunk goes through vLLM's
+        input processor (validation, parameter setup); later chunks, decodes mostly, reuse its
+        processed sampling parameters directly (the processor deep-copies them on every call)."""
+        if first or self._chunk_params is None:
+            from vllm import SamplingParams, TokensPrompt
 
-        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
-        request = self._llm.input_processor.process_inputs(
-            request_id, TokensPrompt(prompt_token_ids=tokens), params, supported_tasks=("generate",), resumable=True)
+            params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
+            request = self._llm.input_processor.process_inputs(
+                request_id, TokensPrompt(prompt_token_ids=tokens), params, supported_tasks=("generate",),
+                resumable=True)
+            self._chunk_params = request.sampling_params
+        else:
+            from vllm.v1.engine import EngineCoreRequest
+
+            request = EngineCoreRequest(
+                request_id=request_id, prompt_token_ids=tokens, mm_features=None,
+                sampling_params=self._chunk_params, pooling_params=None, arrival_time=time.time(),
+                lora_request=None, cache_salt=None, data_parallel_rank=None, resumable=True)
         core_request, wave = self._core.preprocess_add_request(request)
         self._core.add_request(core_request, wave)
 
