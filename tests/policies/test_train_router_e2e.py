@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tokenrouter.policies import create_policy
 from tokenrouter.policies.base import RequestView, StepOutput
-from tokenrouter.runtime.messages import RequestSpec
+from tokenrouter.protocol import RequestSpec
 from tokenrouter_tools.cli import main
 
 QUICK = ["--max-files", "40", "--max-tokens", "1200", "--seq-len", "64", "--epochs", "8", "--lr", "3e-3", "--train-batch", "64",
@@ -42,19 +42,19 @@ def real_step(model_dir: Path, texts: list[str]) -> tuple[list[RequestView], Ste
     """One decode step of the small model on real prompts, as the engine reports it."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    views, logits, hidden = [], [], []
+    prompts, logits, hidden = [], [], []
     with torch.no_grad():
-        for i, text in enumerate(texts):
+        for text in texts:
             ids = tokenizer.encode(text)
             out = model(torch.tensor([ids]), output_hidden_states=True)
+            prompts.append(ids)
             logits.append(out.logits[0, -1])
             hidden.append(out.hidden_states[-1][0, -1])
-            views.append(RequestView(rid=str(i), model="small", model_index=0, token_ids=ids, prompt_len=len(ids),
-                                     origins=[], spec=RequestSpec(prompt_len=len(ids), max_tokens=8)))
     logits = torch.stack(logits)
     sampled = logits.argmax(-1)
-    for view, token in zip(views, sampled.tolist()):
-        view.sampled_token = token
+    views = [RequestView(rid=str(i), model="small", model_index=0, token_ids=ids, prompt_len=len(ids), origins=[],
+                         spec=RequestSpec(prompt_len=len(ids), max_tokens=8), sampled_token=token)
+             for i, (ids, token) in enumerate(zip(prompts, sampled.tolist()))]
     return views, StepOutput(seq_ids=[v.rid for v in views], sampled=sampled, logits=logits,
                              positions=torch.tensor([len(v.token_ids) for v in views]), hidden=torch.stack(hidden))
 

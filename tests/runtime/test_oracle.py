@@ -10,7 +10,8 @@ from collections import Counter
 import pytest
 
 from tokenrouter.runtime.api import TokenRoutingEngine
-from tokenrouter.runtime.messages import RequestSpec
+from tokenrouter.protocol import RequestSpec
+from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
 
 MAX_TOKENS = 20
@@ -41,7 +42,7 @@ def _expected(key: str, engine: TokenRoutingEngine, references, prompts) -> list
     if key not in _reference_cache:
         end_ids = sorted(engine.engines["slm"].eos_token_ids)
         _reference_cache[key] = [
-            reference_generate(references, engine.policy, "slm", prompt,
+            reference_generate(references, build_policy(engine.config), "slm", prompt,
                                RequestSpec(prompt_len=len(prompt), max_tokens=MAX_TOKENS, end_ids=end_ids),
                                max_model_len=engine.max_model_len)
             for prompt in prompts
@@ -54,7 +55,7 @@ def _expected(key: str, engine: TokenRoutingEngine, references, prompts) -> list
 def test_routed_output_equals_naive_reference(key, strategy, slm_b, llm_b, tiny_config, mixed_prompts, references):
     prompts = mixed_prompts(16)
     config = tiny_config(_policy_name(key), POLICIES[key], strategy=strategy, slm_b=slm_b, llm_b=llm_b)
-    with TokenRoutingEngine.from_config(config) as engine:
+    with TokenRoutingEngine.from_config(config, step_log=100_000) as engine:
         results = engine.generate(prompts, max_tokens=MAX_TOKENS, timeout=120)
         expected = _expected(key, engine, references, prompts)
         for prompt, result, (tokens, origins, reason) in zip(prompts, results, expected):

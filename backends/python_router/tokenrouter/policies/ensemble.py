@@ -17,8 +17,8 @@ from typing import Any, Sequence
 import torch
 
 from ..engine.sampling import sample_tokens
-from ..runtime.messages import PeerMessage
-from .base import PolicyError, RequestView, RoutingPolicy, StepOutput, register_policy
+from ..protocol import PeerMessage, Route
+from .base import PolicyError, RequestView, RoutingPolicy, StepOutput, register_policy, sampling_of
 
 DEFAULT_WEIGHTS = (0.5, 0.3, 0.2)  # the paper's weights over 0.6B/8B/32B, in config order
 
@@ -63,8 +63,8 @@ class Ensemble(RoutingPolicy):
         """weight * softmax(logits) for one row [V], in float64."""
         return self.weights_by_model[model] * torch.softmax(logits.double(), dim=-1)
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
-        destinations = []
+    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[Route]:
+        decisions = []
         for row, request in enumerate(batch):
             position = self.ring.index(request.model)
             part = self.contribution(request.model, out.logits[row])
@@ -72,16 +72,12 @@ class Ensemble(RoutingPolicy):
             if position > 0 and carried is None:
                 raise PolicyError(f"policy 'ensemble': request {request.rid} reached {request.model} without a mixture")
             if position < len(self.ring) - 1:
-                request.state = {"mix": merge_sparse(carried, part, self.carry_top_k)}
-                destinations.append(self.ring[position + 1])
+                decisions.append(Route(self.ring[position + 1], state={"mix": merge_sparse(carried, part, self.carry_top_k)}))
                 continue
             mixture = add_sparse(part, carried)
-            token = int(sample_tokens(mixture.log()[None], [request.sampling], [int(out.positions[row])])[0])
-            out.sampled[row] = token
-            request.sampled_token = token
-            request.state = {}
-            destinations.append(self.ring[0])
-        return destinations
+            token = int(sample_tokens(mixture.log()[None], [sampling_of(request.spec)], [int(out.positions[row])])[0])
+            decisions.append(Route(self.ring[0], state={}, token=token))
+        return decisions
 
     def send(self, request: RequestView, peer: str) -> PeerMessage:
         # Back to the first model with the sampled mixture token; forward without one.

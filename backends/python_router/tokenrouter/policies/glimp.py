@@ -50,8 +50,8 @@ class GlimpRouter(DeferralPolicy):
         top = float(torch.softmax(out.logits[row].float(), dim=-1).max())
         return top < self.min_confidence
 
-    def hand_back(self, request: RequestView, out: StepOutput, row: int) -> bool:
+    def hand_back(self, request: RequestView, out: StepOutput, row: int, large_tokens: int) -> bool:
         if not self.step_end_ids:
-            return super().hand_back(request, out, row)
+            return super().hand_back(request, out, row, large_tokens)
         ended = int(out.sampled[row]) in self.step_end_ids
-        return ended or request.state.get("large_tokens", 0) >= self.max_step_tokens
+        return ended or large_tokens >= self.max_step_tokens

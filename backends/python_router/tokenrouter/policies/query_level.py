@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from ..runtime.messages import PeerMessage
+from ..protocol import PeerMessage, Route
 from .base import PolicyError, RequestView, RoutingPolicy, StepOutput, register_policy
 from .deferral import row_hidden
 from .networks import load_router
@@ -58,14 +58,15 @@ class QueryLevel(RoutingPolicy):
             return row_entropy(out, row) > self.threshold
         return float(torch.sigmoid(self.router.network(row_hidden(self, out, row, self.router.hidden_size)))[0]) >= self.threshold
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
-        destinations = []
+    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str | Route]:
+        decisions: list[str | Route] = []
         for row, request in enumerate(batch):
-            if "query_model" not in request.state:
-                chosen = self.large if self.wants_large(request, out, row) else self.small
-                request.state["query_model"] = chosen
-            destinations.append(request.state["query_model"])
-        return destinations
+            if "query_model" in request.state:
+                decisions.append(request.state["query_model"])
+                continue
+            chosen = self.large if self.wants_large(request, out, row) else self.small
+            decisions.append(Route(chosen, state={"query_model": chosen}))
+        return decisions
 
     def send(self, request: RequestView, peer: str) -> PeerMessage:
         return request.message_to(peer, keep_sampled=False, state=request.state)

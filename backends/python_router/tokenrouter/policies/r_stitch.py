@@ -41,5 +41,5 @@ class RStitch(DeferralPolicy):
     def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
         return row_entropy(out, row) > self.threshold
 
-    def hand_back(self, request: RequestView, out: StepOutput, row: int) -> bool:
+    def hand_back(self, request: RequestView, out: StepOutput, row: int, large_tokens: int) -> bool:
         return row_entropy(out, row) <= self.threshold
