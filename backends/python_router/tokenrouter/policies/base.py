@@ -23,6 +23,8 @@ import hashlib
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from ..engine.base import SamplingParams, StepResult
 from ..protocol import PeerMessage, RequestSpec, RequestView, Route
 
@@ -33,10 +35,18 @@ class PolicyError(ValueError):
     """A policy name or parameter that cannot work; the message says what is allowed."""
 
 
+class PolicyParams(BaseModel):
+    """A policy's parameters (``policy.params`` in config). Each policy declares its own subclass;
+    unknown names are refused, so a typo fails at config load naming the field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
 class RoutingPolicy:
     """Base class: stays on the current model forever. Subclasses override what they need."""
 
     name: ClassVar[str] = ""
+    Params: ClassVar[type[PolicyParams]] = PolicyParams
     #: ask the engine for the last hidden state at every step (router networks need it)
     needs_hidden: ClassVar[bool] = False
     #: ask the engine for the top-k logits at every step (0 = no)
@@ -46,7 +56,7 @@ class RoutingPolicy:
                  weights: str | Path | None = None) -> None:
         self.models = list(models)
         self.entry = entry
-        self.params = dict(params or {})
+        self.params = self.parse_params(params)
         self.weights = Path(weights) if weights else None
         if entry not in self.models:
             raise PolicyError(f"entry model '{entry}' is not one of {self.models}")
@@ -63,13 +73,16 @@ class RoutingPolicy:
     def index(self, model: str) -> int:
         return self.models.index(model)
 
-    def param(self, key: str, default: Any, kind: type = float) -> Any:
-        """A parameter from config, converted to ``kind``; a clear error when it cannot be."""
-        value = self.params.get(key, default)
+    @classmethod
+    def parse_params(cls, params: dict[str, Any] | None) -> Any:
+        """``params`` checked against the policy's ``Params`` model; PolicyError names each bad field."""
         try:
-            return kind(value)
-        except (TypeError, ValueError):
-            raise PolicyError(f"policy '{self.name}': parameter '{key}' must be {kind.__name__}, got {value!r}") from None
+            return cls.Params.model_validate(dict(params or {}))
+        except ValidationError as err:
+            problems = "; ".join(f"params.{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+                                 for e in err.errors())
+            allowed = ", ".join(cls.Params.model_fields) or "none"
+            raise PolicyError(f"policy '{cls.name}': {problems} (parameters: {allowed})") from None
 
     # --- the three functions ------------------------------------------------------------------
     def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str | Route]:

@@ -15,23 +15,27 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from pydantic import Field
 
 from ..protocol import PeerMessage, Route
-from .base import PolicyError, RequestView, RoutingPolicy, StepOutput
+from .base import PolicyError, PolicyParams, RequestView, RoutingPolicy, StepOutput
+
+
+class DeferralParams(PolicyParams):
+    run_length: int = Field(1, ge=1, description="tokens the large model writes before handing back")
 
 
 class DeferralPolicy(RoutingPolicy):
     """params: run_length (1): tokens the large model writes before handing back (when the
     subclass does not decide that itself)."""
 
+    Params = DeferralParams
     #: whether the small model's token at a deferred position travels (False: regenerated)
     keep_deferred_token: bool = False
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.run_length = self.param("run_length", 1, int)
-        if self.run_length < 1:
-            raise PolicyError(f"policy '{self.name}': run_length must be >= 1, got {self.run_length}")
+        self.run_length = self.params.run_length
 
     def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
         """On the small model: send this position to the large model?"""
