@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, Protocol, overload
 
-MessageKind = Literal["handoff", "progress", "finish", "release", "active"]
+MessageKind = Literal["handoff", "progress", "finish", "release", "active", "estimates"]
 
 
 @dataclass
@@ -50,6 +50,8 @@ class PeerMessage:
       finish    the holder finished the request (``finish_reason``); sent to the entry
       release   free the request's KV and forget it (after finish, cancel or error)
       active    the global count of active requests changed (for thresholds that depend on N)
+      estimates what the sender observed of its own model, in ``state`` (for ``batch_threshold:
+                auto`` when each model runs in its own process)
     """
 
     kind: MessageKind

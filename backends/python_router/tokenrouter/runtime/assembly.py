@@ -18,6 +18,8 @@ from .strategies import Strategy
 from .subserver import Subserver
 from .transport import Transport
 
+ESTIMATES_EVERY_S = 0.5  # how often a subserver alone in its process shares its observations
+
 
 def build_policy(config: TokenRouterConfig) -> RoutingPolicy:
     return create_policy(config.policy.name, config.model_names, config.entry, config.policy.params,
@@ -49,14 +51,22 @@ def build_subserver(config: TokenRouterConfig, name: str, engine: Engine, policy
                     transport: Transport, strategy: Strategy, *, max_model_len: int, auto=None,
                     capacities: dict[str, tuple[int, int]] | None = None,
                     observers: Sequence[StepObserver] = ()) -> Subserver:
+    """``auto``: the online threshold estimator all subservers of this process share; without
+    one, a config asking for ``batch_threshold: auto`` gets an estimator per subserver."""
     spec = config.models[name]
     limits = Limits(max_batch_size=spec.max_batch_size, max_prefill_tokens=spec.max_prefill_tokens,
                     max_wait_s=config.scheduling.max_wait_ms / 1000, max_model_len=max_model_len,
                     max_active=config.scheduling.max_active)
+    feeds = []
+    if auto is not None:
+        feeds.append(ThresholdFeed(auto))
+    elif strategy.uses_thresholds and (auto := make_auto_thresholds(config)) is not None:
+        # This subserver runs alone in its process (Triton): an estimator of its own, sharing
+        # what it observes of its model with the peers' estimators.
+        feeds.append(ThresholdFeed(auto, share_every_s=ESTIMATES_EVERY_S, owned=True))
     threshold = threshold_function(config, name, auto) if strategy.uses_thresholds else (lambda active: 1)
     core = SubserverCore(name, config.model_names, config.entry, policy, limits, threshold=threshold,
                          capacities=capacities if name == config.entry else None)
-    feeds = [ThresholdFeed(auto)] if auto is not None else []
     return Subserver(core, engine, transport, strategy, observers=[*feeds, *observers])
 
 

@@ -76,8 +76,14 @@ class Subserver:
         self._inbox.put(("wake", None))
         if self._thread is not None:
             self._thread.join(timeout)
+        for observer in self.observers:
+            observer.close()
 
     def deliver(self, message: PeerMessage) -> None:
+        if message.kind == "estimates":  # about the model, not a request: no need for the loop
+            for observer in self.observers:
+                observer.on_estimates(message)
+            return
         self._put("message", message)
 
     def submit(self, rid: str, prompt_ids: list[int], spec: RequestSpec, sink: ClientSink) -> None:
