@@ -1,7 +1,10 @@
 """Invariant 1: routed greedy output is token-for-token the naive step-by-step reference's,
 for 16 concurrent prompts of mixed lengths, every shipped policy that needs no trained weights,
 all four strategies and several batch thresholds. Also: no token is ever fed to an engine twice
-(resume after pending never recomputes the prefix)."""
+(resume after pending never recomputes the prefix).
+
+The reference (runtime/reference.py) shares no bookkeeping, stop rule or keep rule with the
+runtime and gets a policy object of its own, so a mistake in the runtime's copies shows."""
 
 from __future__ import annotations
 
@@ -62,6 +65,9 @@ def test_routed_output_equals_naive_reference(key, strategy, slm_b, llm_b, tiny_
             assert result.token_ids == tokens, f"prompt {prompt}"
             assert result.models == [engine.config.model_names[o] for o in origins]
             assert result.finish_reason == reason
+            # Exact lengths, from the reference's own stop rule: an off-by-one in the runtime's
+            # rule (21 tokens for max_tokens 20) changes the output and is caught above too.
+            assert len(tokens) == MAX_TOKENS if reason == "length" else len(tokens) <= MAX_TOKENS
         _assert_no_token_fed_twice(engine, prompts, results)
         if key not in ("slm_only",):
             assert any(result.large_model_share > 0 for result in results), "the policy never routed"
