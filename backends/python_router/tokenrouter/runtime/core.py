@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..engine.base import StepResult, StepRow
-from ..protocol import PeerMessage, Policy, Route, as_route
+from ..protocol import PeerMessage, Policy, Route
 from .batching import BatchLimits, batch_due, select_rows, wait_left
 from .constraints import enforce_bad_words
 from .effects import Batch, Effect, Release, Routed, Send
 from .handoff import accept_handoff, handoff_problem, stamp_handoff
 from .request import RequestState, Submission
 from .roles import EntryRole, PeerRole
+from .routing import route_rows, select_result_rows
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,10 @@ class SubserverCore:
         enforce_bad_words(requests, out)
         for request, token in zip(requests, out.sampled.tolist()):
             request.sampled_token = token
-        decisions = self._route(requests, out, fx)
+        decisions, failures = route_rows(self.policy, requests, out)
+        for request in requests:
+            if request.rid in failures:
+                self.finish(request, "error", fx, failures[request.rid])
         lengths = [len(r.token_ids) for r in requests]
         for request, decision in zip(requests, decisions):
             if decision is not None:
@@ -176,28 +180,6 @@ class SubserverCore:
         return fx
 
     # --- routing, commits, handoffs ---------------------------------------------------------------------
-    def _route(self, requests: list[RequestState], out: StepResult, fx: list[Effect]) -> list[Route | None]:
-        """The policy's decisions. When it raises on a batch, route row by row so that only the
-        requests it fails on end (with the error); ``None`` marks those."""
-        try:
-            return self._decide(requests, out)
-        except Exception:
-            log.exception("policy %s failed on a batch of %d on %s", self.policy.name, len(requests), self.name)
-        decisions: list[Route | None] = []
-        for row, request in enumerate(requests):
-            try:
-                decisions += self._decide([request], select_result_rows(out, [row]))
-            except Exception as exc:
-                decisions.append(None)
-                self.finish(request, "error", fx, f"policy '{self.policy.name}' failed: {type(exc).__name__}: {exc}")
-        return decisions
-
-    def _decide(self, requests: list[RequestState], out: StepResult) -> list[Route]:
-        decisions = [as_route(d) for d in self.policy.route([r.view() for r in requests], out)]
-        if len(decisions) != len(requests):
-            raise ValueError(f"route returned {len(decisions)} decisions for {len(requests)} rows")
-        return decisions
-
     def _apply(self, request: RequestState, decision: Route, fx: list[Effect]) -> None:
         if decision.state is not None:
             request.state = dict(decision.state)
@@ -308,11 +290,3 @@ class SubserverCore:
         for rid in [rid for rid, at in self.tombstones.items() if at < horizon]:
             del self.tombstones[rid]
 
-
-def select_result_rows(result: StepResult, rows: list[int]) -> StepResult:
-    def pick(tensor):
-        return None if tensor is None else tensor[rows]
-
-    return StepResult(seq_ids=[result.seq_ids[i] for i in rows], sampled=result.sampled[rows].clone(),
-                      logits=pick(result.logits), positions=pick(result.positions), hidden=pick(result.hidden),
-                      topk_values=pick(result.topk_values), topk_indices=pick(result.topk_indices))
