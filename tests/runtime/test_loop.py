@@ -102,6 +102,15 @@ def test_a_loop_that_dies_is_observable_and_fails_its_requests(monkeypatch):
         server.stop()
 
 
+def test_the_embedded_engine_reports_whether_its_loops_run(tiny_config):
+    from tokenrouter.runtime.api import TokenRoutingEngine
+
+    engine = TokenRoutingEngine.from_config(tiny_config("slm_only"))
+    assert engine.alive
+    engine.shutdown()
+    assert not engine.alive
+
+
 def test_a_stopped_loop_is_not_alive_and_ends_requests_in_flight():
     engine = CountingEngine()
     server = entry(engine)

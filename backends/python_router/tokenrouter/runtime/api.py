@@ -204,6 +204,12 @@ class TokenRoutingEngine:
     def kv_blocks_used(self) -> dict[str, int]:
         return {name: engine.num_used_blocks for name, engine in self.engines.items()}
 
+    @property
+    def alive(self) -> bool:
+        """Every subserver's loop runs (False after shutdown, or when a loop died: its
+        ``failure`` says why, and its requests ended with that error)."""
+        return all(server.alive for server in self.subservers.values())
+
     def held_requests(self) -> dict[str, int]:
         """Requests each subserver still tracks (running or pending)."""
         return {name: len(server.requests) for name, server in self.subservers.items()}

@@ -12,7 +12,7 @@ from typing import Iterable
 from .request import RequestState
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchLimits:
     max_batch_size: int  # rows per step
     max_prefill_tokens: int  # prefill/extend tokens per step (a longer prompt is chunked)

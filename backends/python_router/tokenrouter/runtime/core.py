@@ -48,10 +48,10 @@ class SubserverStats:
     dropped_messages: Counter = field(default_factory=Counter)  # peer messages that did not fit, by reason
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Limits(BatchLimits):
-    max_model_len: int = 0
-    max_active: int = 1
+    max_model_len: int  # prompt + output cap
+    max_active: int  # requests active at once (entry admission)
 
 
 class SubserverCore:
