@@ -145,13 +145,16 @@ class RequestView:
     sampled_token: int | None = None  # sampled in this step at ``model``; not committed yet
 
     def __post_init__(self) -> None:
+        # Exact type checks on purpose: isinstance against the collections ABCs costs more than
+        # the rest of a view, and the runtime builds one for every row of every step.
         for name in ("token_ids", "origins"):
             value = getattr(self, name)
-            if not isinstance(value, ReadOnlyTokens):
+            if type(value) is not ReadOnlyTokens:
                 object.__setattr__(self, name, ReadOnlyTokens(value))
         for name in ("state", "known"):
             value = getattr(self, name)
-            object.__setattr__(self, name, MappingProxyType(value if isinstance(value, dict) else dict(value)))
+            if type(value) is not MappingProxyType:
+                object.__setattr__(self, name, MappingProxyType(value if type(value) is dict else dict(value)))
 
     @property
     def num_generated(self) -> int:
