@@ -132,15 +132,33 @@ def test_sixteen_concurrent_streams_complete_with_attribution(server, embedded):
     assert any("llm" in models for _, models, _ in served)
 
 
-def test_handoffs_show_on_the_metrics_port(server):
-    stream_ids(server, PROMPTS[5], max_tokens=24, random_seed=9)
+def test_metrics_count_exactly_what_one_request_did(server):
+    """Before/after differences of the counters, matched to this request's own output: tokens
+    per model = its tokens attributed to that model; handoffs = its visits to the large model
+    (random routing with run_length 1: each visit drops the small model's token and writes one
+    large-model token, kept as it hands back, unless that token ends the request).
+    Catches counters that move by the wrong amount, which "> 0" checks let through."""
+    time.sleep(0.7)  # the previous test's last refresh
+    before = metrics(server)
+    _, models, _ = stream_ids(server, PROMPTS[5], max_tokens=24, random_seed=9)
     time.sleep(0.7)  # one metrics refresh
-    samples = metrics(server)
-    assert samples['tokenrouter_handoffs_total{direction="out",model="slm"}'] > 0
-    assert samples['tokenrouter_handoffs_total{direction="in",model="llm"}'] > 0
-    assert samples['tokenrouter_tokens_total{model="llm"}'] > 0
-    assert 0 < samples['tokenrouter_large_model_token_share{model="slm"}'] < 1
-    assert any(k.startswith("tokenrouter_batch_size_count") for k in samples)
+    after = metrics(server)
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    runs = models.count("llm")
+    ends_on_llm = models[-1] == "llm"
+    assert runs > 0, models
+    assert delta('tokenrouter_tokens_total{model="slm"}') == models.count("slm")
+    assert delta('tokenrouter_tokens_total{model="llm"}') == models.count("llm")
+    assert delta('tokenrouter_handoffs_total{direction="out",model="slm"}') == runs
+    assert delta('tokenrouter_handoffs_total{direction="in",model="llm"}') == runs
+    assert delta('tokenrouter_handoffs_total{direction="out",model="llm"}') == runs - ends_on_llm
+    assert delta('tokenrouter_handoffs_total{direction="in",model="slm"}') == runs - ends_on_llm
+    assert 0 < after['tokenrouter_large_model_token_share{model="slm"}'] < 1
+    steps = sum(v for k, v in after.items() if k.startswith("tokenrouter_batch_size_count"))
+    assert steps - sum(v for k, v in before.items() if k.startswith("tokenrouter_batch_size_count")) >= len(models)
 
 
 def test_cancelling_fifty_streams_frees_both_pools(server):

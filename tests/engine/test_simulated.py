@@ -223,7 +223,8 @@ def test_routed_runtime_output_equals_the_naive_reference_on_simulated_models() 
     # The use the engine exists for: the runtime at speed, with B = auto, checked token for token
     # against one-request-at-a-time full recomputation through ``reference``.
     from tokenrouter.runtime.api import TokenRoutingEngine
-    from tokenrouter.runtime.messages import RequestSpec
+    from tokenrouter.protocol import RequestSpec
+    from tokenrouter.runtime.assembly import build_policy
     from tokenrouter.runtime.reference import reference_generate
 
     config = {"models": {"slm": {"engine": "simulated", "profile": "tiny-cpu-small", "batch_threshold": "auto"},
@@ -237,7 +238,7 @@ def test_routed_runtime_output_equals_the_naive_reference_on_simulated_models() 
         end_ids = sorted(runtime.engines["slm"].eos_token_ids)
         for prompt, result in zip(prompts, results):
             spec = RequestSpec(prompt_len=len(prompt), max_tokens=32, end_ids=end_ids)
-            tokens, origins, _ = reference_generate(forwards, runtime.policy, "slm", prompt, spec,
+            tokens, origins, _ = reference_generate(forwards, build_policy(runtime.config), "slm", prompt, spec,
                                                     max_model_len=runtime.max_model_len)
             assert result.token_ids == tokens
             assert result.models == [runtime.config.model_names[o] for o in origins]

@@ -6,9 +6,10 @@ from typing import Sequence
 
 import torch
 
-from tokenrouter.policies.base import RequestView, StepOutput
+from tokenrouter.policies.base import RoutingPolicy, StepOutput
 from tokenrouter.policies.networks import build_network, save_router
-from tokenrouter.runtime.messages import PeerMessage, RequestSpec
+from tokenrouter.protocol import PeerMessage, RequestSpec, as_route
+from tokenrouter.runtime.request import RequestState
 
 MODELS = ["small", "large"]
 VOCAB = 32
@@ -16,9 +17,10 @@ VOCAB = 32
 
 def view(model: str = "small", *, tokens: Sequence[int] = (1, 2, 3), prompt_len: int = 3, seed: int = 0,
          temperature: float = 0.0, state: dict | None = None, sampled: int | None = None, rid: str = "r0",
-         models: Sequence[str] = MODELS) -> RequestView:
+         models: Sequence[str] = MODELS) -> RequestState:
+    """A request record as the runtime keeps it; policies get ``.view()`` of it (see ``route``)."""
     generated = len(tokens) - prompt_len
-    return RequestView(rid=rid, model=model, model_index=list(models).index(model), token_ids=list(tokens),
+    return RequestState(rid=rid, model=model, model_index=list(models).index(model), token_ids=list(tokens),
                        prompt_len=prompt_len, origins=[0] * generated,
                        spec=RequestSpec(prompt_len=prompt_len, max_tokens=64, temperature=temperature, seed=seed),
                        state=dict(state or {}), sampled_token=sampled)
@@ -38,7 +40,24 @@ def flat(token: int, vocab: int = VOCAB) -> torch.Tensor:
     return logits
 
 
-def step(batch: Sequence[RequestView], logits: Sequence[torch.Tensor], hidden: torch.Tensor | None = None) -> StepOutput:
+def route(policy: RoutingPolicy, batch: Sequence[RequestState], out: StepOutput) -> list[str]:
+    """``policy.route`` on read-only views, its decisions applied to the records the way the
+    runtime applies them (state replaced, sampled token replaced); returns the destinations."""
+    decisions = [as_route(d) for d in policy.route([r.view() for r in batch], out)]
+    assert len(decisions) == len(batch)
+    for request, decision in zip(batch, decisions):
+        if decision.state is not None:
+            request.state = dict(decision.state)
+        if decision.token is not None:
+            request.sampled_token = decision.token
+    return [decision.destination for decision in decisions]
+
+
+def send(policy: RoutingPolicy, request: RequestState, peer: str) -> PeerMessage:
+    return policy.send(request.view(), peer)
+
+
+def step(batch: Sequence[RequestState], logits: Sequence[torch.Tensor], hidden: torch.Tensor | None = None) -> StepOutput:
     """A step output whose sampled tokens are the greedy argmax; sets each view's sampled_token."""
     stacked = torch.stack(list(logits)).float()
     sampled = stacked.argmax(dim=-1)

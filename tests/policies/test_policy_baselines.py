@@ -4,28 +4,28 @@ from __future__ import annotations
 
 import pytest
 
-from policy_builders import MODELS, peaked, roundtrip, step, view
+from policy_builders import MODELS, peaked, roundtrip, step, view, route, send
 from tokenrouter.policies import PolicyError, create_policy
 
 
 def test_slm_only_stays_and_commits_everything():
     policy = create_policy("slm_only", MODELS, "small")
     batch = [view("small"), view("small", rid="r1")]
-    assert policy.route(batch, step(batch, [peaked(3), peaked(4)])) == ["small", "small"]
+    assert route(policy, batch, step(batch, [peaked(3), peaked(4)])) == ["small", "small"]
 
 
 def test_llm_only_hands_over_at_once_and_drops_the_small_token():
     policy = create_policy("llm_only", MODELS, "small")
     request = view("small", tokens=[5, 6, 7])
-    assert policy.route([request], step([request], [peaked(9)])) == ["large"]
-    message = roundtrip(policy.send(request, "large"))
+    assert route(policy, [request], step([request], [peaked(9)])) == ["large"]
+    message = roundtrip(send(policy, request, "large"))
     assert message.tokens == [5, 6, 7] and 9 not in message.tokens  # the prompt only: nothing from the SLM
     on_large = view("large", tokens=[5, 6, 7])
-    assert policy.route([on_large], step([on_large], [peaked(2)])) == ["large"]
+    assert route(policy, [on_large], step([on_large], [peaked(2)])) == ["large"]
 
 
 def decisions(policy, requests):
-    return policy.route(requests, step(requests, [peaked(1)] * len(requests)))
+    return route(policy, requests, step(requests, [peaked(1)] * len(requests)))
 
 
 def test_random_rate_seed_and_batch_independence():
@@ -48,13 +48,13 @@ def test_random_large_returns_after_run_length_and_messages():
     policy = create_policy("random", MODELS, "small", {"rate": 1.0, "run_length": 2})
     request = view("small", tokens=[1, 2, 3])
     assert decisions(policy, [request]) == ["large"]
-    to_large = roundtrip(policy.send(request, "large"))
+    to_large = roundtrip(send(policy, request, "large"))
     assert to_large.tokens == [1, 2, 3] and to_large.state == {"large_tokens": 0}  # drafted token dropped
     on_large = view("large", tokens=[1, 2, 3], state=to_large.state)
     assert decisions(policy, [on_large]) == ["large"]
     on_large.token_ids.append(1)
     assert decisions(policy, [on_large]) == ["small"]
-    back = roundtrip(policy.send(on_large, "small"))
+    back = roundtrip(send(policy, on_large, "small"))
     assert back.tokens[-1] == 1 and back.origins[-1] == 1 and back.state == {}
 
 
@@ -62,7 +62,7 @@ def test_random_keep_sampled_sends_the_drafted_token():
     policy = create_policy("random", MODELS, "small", {"rate": 1.0, "keep_sampled": True})
     request = view("small", tokens=[1, 2, 3])
     decisions(policy, [request])
-    assert roundtrip(policy.send(request, "large")).tokens == [1, 2, 3, 1]
+    assert roundtrip(send(policy, request, "large")).tokens == [1, 2, 3, 1]
 
 
 @pytest.mark.parametrize("params", [{"rate": 1.5}, {"run_length": 0}, {"rate": "often"}])

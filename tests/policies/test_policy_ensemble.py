@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from policy_builders import peaked, roundtrip, step, view
+from policy_builders import peaked, roundtrip, step, view, route, send
 from tokenrouter.engine.base import SamplingParams
 from tokenrouter.engine.sampling import sample_tokens
 from tokenrouter.policies import PolicyError, create_policy
@@ -21,15 +21,14 @@ def one_token(policy, models, logits_by_model, *, tokens=(1, 2, 3), seed=0, temp
     messages = []
     for hop, model in enumerate(models):
         out = step([request], [logits_by_model[model]])
-        destination = policy.route([request], out)[0]
-        request.sampled_token = int(out.sampled[0])
+        destination = route(policy, [request], out)[0]  # the last hop replaces the sampled token
         assert destination == models[(hop + 1) % len(models)]
-        message = roundtrip(policy.send(request, destination))
+        message = roundtrip(send(policy, request, destination))
         messages.append(message)
         if hop < len(models) - 1:
             request = view(destination, tokens=tokens, seed=seed, temperature=temperature, models=models,
                            state=message.state)
-    return int(out.sampled[0]), messages
+    return request.sampled_token, messages
 
 
 @pytest.mark.parametrize("weights, expected", [
@@ -80,8 +79,8 @@ def test_carried_state_is_sparse_and_small():
     policy = create_policy("ensemble", models, "small", {"carry_top_k": 16})
     logits = torch.randn(151_936, generator=torch.Generator().manual_seed(0)) * 3
     request = view("small", models=models)
-    policy.route([request], step([request], [logits]))
-    state = roundtrip(policy.send(request, "large")).state
+    route(policy, [request], step([request], [logits]))
+    state = roundtrip(send(policy, request, "large")).state
     assert len(state["mix"]["ids"]) == 16
     assert len(json.dumps(state)) < 1000
     top = torch.topk(0.625 * torch.softmax(logits.double(), -1), 16)  # default weights 0.5/0.3 normalized
@@ -96,14 +95,14 @@ def test_batch_rows_are_independent():
     carried = [{"mix": {"ids": [i], "p": [0.5]}} for i in range(4)]
     batch = [view("large", rid=str(i), models=models, state=carried[i], seed=i, temperature=1.0) for i in range(4)]
     together = step(batch, rows)
-    policy.route(batch, together)
+    route(policy, batch, together)
     alone = []
     for i in range(4):
         single = [view("large", rid=str(i), models=models, state=carried[i], seed=i, temperature=1.0)]
         out = step(single, [rows[i]])
-        policy.route(single, out)
-        alone.append(int(out.sampled[0]))
-    assert together.sampled.tolist() == alone
+        route(policy, single, out)
+        alone.append(single[0].sampled_token)
+    assert [request.sampled_token for request in batch] == alone
 
 
 @pytest.mark.parametrize("params", [{"weights": [1.0]}, {"weights": [0.5, -0.5]}, {"weights": {"small": 1.0}},
@@ -117,4 +116,4 @@ def test_a_hop_without_the_mixture_is_an_error():
     policy = create_policy("ensemble", ["small", "large"], "small")
     request = view("large")
     with pytest.raises(PolicyError, match="without a mixture"):
-        policy.route([request], step([request], [peaked(1)]))
+        route(policy, [request], step([request], [peaked(1)]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from policy_builders import MODELS, hidden_rows, peaked, roundtrip, step, view, write_head
+from policy_builders import MODELS, hidden_rows, peaked, roundtrip, step, view, write_head, route, send
 from tokenrouter.policies import PolicyError, create_policy
 from tokenrouter.policies.networks import build_network, save_router
 
@@ -18,12 +18,12 @@ def test_hidden_state_heads_defer_and_the_large_model_returns_after_one_token(na
     assert policy.needs_hidden and policy.threshold == 0.5  # from the router's metadata
     keep, defer = view(tokens=[1, 2, 3], rid="a"), view(tokens=[4, 5, 6], rid="b")
     out = step([keep, defer], [peaked(7), peaked(8)], hidden_rows(-1.0, +1.0))
-    assert policy.route([keep, defer], out) == ["small", "large"]
-    message = roundtrip(policy.send(defer, "large"))
+    assert route(policy, [keep, defer], out) == ["small", "large"]
+    message = roundtrip(send(policy, defer, "large"))
     assert message.tokens == [4, 5, 6] and message.state == {"large_tokens": 0}  # the SLM token 8 is dropped
     on_large = view("large", tokens=[4, 5, 6], state=message.state)
-    assert policy.route([on_large], step([on_large], [peaked(9)])) == ["small"]  # no hidden needed on the LLM
-    back = roundtrip(policy.send(on_large, "small"))
+    assert route(policy, [on_large], step([on_large], [peaked(9)])) == ["small"]  # no hidden needed on the LLM
+    back = roundtrip(send(policy, on_large, "small"))
     assert back.tokens[-1] == 9 and back.origins[-1] == 1
 
 
@@ -33,8 +33,8 @@ def test_threshold_param_overrides_the_trained_one(tmp_path):
     low = create_policy("citer", MODELS, "small", {"threshold": 0.5}, weights=weights)
     high = create_policy("citer", MODELS, "small", {"threshold": 0.6}, weights=weights)
     request = view()
-    assert low.route([request], step([request], [peaked(1)], hidden)) == ["large"]
-    assert high.route([request], step([request], [peaked(1)], hidden)) == ["small"]
+    assert route(low, [request], step([request], [peaked(1)], hidden)) == ["large"]
+    assert route(high, [request], step([request], [peaked(1)], hidden)) == ["small"]
 
 
 def write_r2r(directory, seed=0):
@@ -61,7 +61,7 @@ def test_r2r_scores_hidden_sampled_token_and_top_logits(tmp_path):
     # Decisions follow the threshold: put it between the rows' scores.
     middle = sorted(scores)[1] + 1e-7
     policy.threshold = middle
-    assert policy.route(batch, out) == ["large" if s >= middle else "small" for s in scores]
+    assert route(policy, batch, out) == ["large" if s >= middle else "small" for s in scores]
     # The sampled token is an input: another token, another score.
     out.sampled[0] = (out.sampled[0] + 1) % 32
     assert policy.score(out, 0) != pytest.approx(scores[0], abs=1e-6)
@@ -114,6 +114,6 @@ def test_route_errors_on_missing_or_foreign_hidden_states(tmp_path):
     policy = create_policy("citer", MODELS, "small", weights=write_head(tmp_path, "citer"))
     request = view()
     with pytest.raises(PolicyError, match="needs hidden states"):
-        policy.route([request], step([request], [peaked(1)]))
+        route(policy, [request], step([request], [peaked(1)]))
     with pytest.raises(PolicyError, match="hidden size 8"):
-        policy.route([request], step([request], [peaked(1)], torch.zeros(1, 896)))
+        route(policy, [request], step([request], [peaked(1)], torch.zeros(1, 896)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policy_builders import MODELS, flat, hidden_rows, peaked, roundtrip, step, view, write_head
+from policy_builders import MODELS, flat, hidden_rows, peaked, roundtrip, step, view, write_head, route, send
 from tokenrouter.policies import PolicyError, create_policy
 
 
@@ -12,15 +12,15 @@ def run_request(policy, first_logits, later_logits, *, prompt_len=3, hidden=None
     """First step on the entry, then every later step on whichever model holds the request."""
     request = view("small", tokens=list(range(prompt_len)), prompt_len=prompt_len)
     out = step([request], [first_logits], hidden)
-    holder = policy.route([request], out)[0]
+    holder = route(policy, [request], out)[0]
     if holder == "large":
-        message = roundtrip(policy.send(request, "large"))
+        message = roundtrip(send(policy, request, "large"))
         assert message.tokens == list(range(prompt_len))  # the SLM's first token is dropped
         request = view("large", tokens=message.tokens, prompt_len=prompt_len, state=message.state)
     visited = [holder]
     for logits in later_logits:
         out = step([request], [logits], None if hidden is None else hidden[:1])
-        visited.append(policy.route([request], out)[0])
+        visited.append(route(policy, [request], out)[0])
         request.token_ids.append(int(out.sampled[0]))
     return visited
 
@@ -51,8 +51,8 @@ def test_batch_independence():
     policy = create_policy("query_level", MODELS, "small", {"mode": "entropy", "threshold": 0.3})
     batch = [view(rid=str(i)) for i in range(3)]
     logits = [peaked(1), flat(2), peaked(3, 2.0)]
-    together = policy.route(batch, step(batch, logits))
-    alone = [policy.route([view()], step([view()], [row]))[0] for row in logits]
+    together = route(policy, batch, step(batch, logits))
+    alone = [route(policy, [view()], step([view()], [row]))[0] for row in logits]
     assert together == alone
 
 

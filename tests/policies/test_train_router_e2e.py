@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tokenrouter.policies import create_policy
 from tokenrouter.policies.base import RequestView, StepOutput
-from tokenrouter.runtime.messages import RequestSpec
+from tokenrouter.protocol import RequestSpec
 from tokenrouter_tools.cli import main
 
 QUICK = ["--max-files", "40", "--max-tokens", "1200", "--seq-len", "64", "--epochs", "8", "--lr", "3e-3", "--train-batch", "64",
@@ -42,21 +42,40 @@ def real_step(model_dir: Path, texts: list[str]) -> tuple[list[RequestView], Ste
     """One decode step of the small model on real prompts, as the engine reports it."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    views, logits, hidden = [], [], []
+    prompts, logits, hidden = [], [], []
     with torch.no_grad():
-        for i, text in enumerate(texts):
+        for text in texts:
             ids = tokenizer.encode(text)
             out = model(torch.tensor([ids]), output_hidden_states=True)
+            prompts.append(ids)
             logits.append(out.logits[0, -1])
             hidden.append(out.hidden_states[-1][0, -1])
-            views.append(RequestView(rid=str(i), model="small", model_index=0, token_ids=ids, prompt_len=len(ids),
-                                     origins=[], spec=RequestSpec(prompt_len=len(ids), max_tokens=8)))
     logits = torch.stack(logits)
     sampled = logits.argmax(-1)
-    for view, token in zip(views, sampled.tolist()):
-        view.sampled_token = token
+    views = [RequestView(rid=str(i), model="small", model_index=0, token_ids=ids, prompt_len=len(ids), origins=[],
+                         spec=RequestSpec(prompt_len=len(ids), max_tokens=8), sampled_token=token)
+             for i, (ids, token) in enumerate(zip(prompts, sampled.tolist()))]
     return views, StepOutput(seq_ids=[v.rid for v in views], sampled=sampled, logits=logits,
                              positions=torch.tensor([len(v.token_ids) for v in views]), hidden=torch.stack(hidden))
+
+
+def held_out_positions(model_dir: Path, text: str) -> tuple[list[RequestView], StepOutput]:
+    """Every position of ``text`` (code the router never saw: this project's, not the stdlib it
+    trains on), teacher-forced through the small model, as one step of many rows."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = AutoTokenizer.from_pretrained(model_dir).encode(text)[:96]
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_hidden_states=True)
+    logits, hidden = out.logits[0, 1:].float(), out.hidden_states[-1][0, 1:]
+    sampled = logits.argmax(-1)
+    views = [RequestView(rid=str(i), model="small", model_index=0, token_ids=ids[:i + 2], prompt_len=i + 2, origins=[],
+                         spec=RequestSpec(prompt_len=i + 2, max_tokens=8), sampled_token=token)
+             for i, token in enumerate(sampled.tolist())]
+    return views, StepOutput(seq_ids=[v.rid for v in views], sampled=sampled, logits=logits,
+                             positions=torch.tensor([len(v.token_ids) for v in views]), hidden=hidden)
+
+
+HELD_OUT = Path(__file__).resolve().parents[2] / "backends/python_router/tokenrouter/runtime/batching.py"
 
 
 PROMPTS = ["import os\n", "def main(argv):\n    ", "class Queue:\n    def put(self, item", "x = [i for i in"]
@@ -67,6 +86,8 @@ def test_trains_every_router_deterministically_and_the_policies_load_them(near_p
     summary = capsys.readouterr().out
     assert "val AUC" in summary and "top-1 agreement" in summary
     views, out = real_step(near_pair["small"], PROMPTS)
+    held_views, held_out = held_out_positions(near_pair["small"], HELD_OUT.read_text())
+    rates = {}
     for algo in ("r2r", "citer", "co_llm"):
         meta = json.loads((tmp_path / "a" / algo / "metadata.json").read_text())
         metrics = meta["metrics"]
@@ -81,6 +102,16 @@ def test_trains_every_router_deterministically_and_the_policies_load_them(near_p
         policy = create_policy(algo, ["small", "large"], "small", weights=tmp_path / "a" / algo)
         assert policy.threshold == meta["threshold"]
         assert set(policy.route(views, out)) <= {"small", "large"}
+        # Held-out positions: the policy routes exactly where score >= threshold, and R2R does
+        # not send (nearly) everything to the large model. Catches a router whose weights never
+        # trained (its threshold, picked for recall, then routes about every position) and a
+        # policy that ignores its score.
+        scores = [policy.score(held_out, row) for row in range(len(held_views))]
+        routes = policy.route(held_views, held_out)
+        assert routes == ["large" if score >= policy.threshold else "small" for score in scores]
+        rates[algo] = routes.count("large") / len(routes)
+    # R2R reads the logits and generalizes (see above); the heads' data is too small to ask it of them.
+    assert rates["r2r"] < 0.8, rates
     # The R2R router reads the small model's own frozen embedding table.
     r2r = create_policy("r2r", ["small", "large"], "small", weights=tmp_path / "a" / "r2r")
     embed = AutoModelForCausalLM.from_pretrained(near_pair["small"]).get_input_embeddings().weight

@@ -12,7 +12,8 @@ import pytest
 from tokenrouter import TokenRoutingEngine
 from tokenrouter.policies.base import RequestView, RoutingPolicy, StepOutput, register_policy, registered_policies
 from tokenrouter.runtime.api import GenerationError
-from tokenrouter.runtime.messages import RequestSpec
+from tokenrouter.protocol import RequestSpec
+from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
 from tokenrouter.runtime.request import RequestError
 
@@ -127,7 +128,7 @@ def test_three_models_match_the_reference(tiny_pair, tiny_config, mixed_prompts,
         forwards = {**references, "mid": references["slm"]}  # "mid" runs the small model's weights
         for prompt, result in zip(prompts, results):
             spec = RequestSpec(prompt_len=len(prompt), max_tokens=10, end_ids=sorted(engine.engines["slm"].eos_token_ids))
-            tokens, origins, _ = reference_generate(forwards, engine.policy, "slm", prompt, spec,
+            tokens, origins, _ = reference_generate(forwards, build_policy(engine.config), "slm", prompt, spec,
                                                     max_model_len=engine.max_model_len)
             assert result.token_ids == tokens
             assert result.models[:3] == ["slm", "llm", "mid"][:len(result.models[:3])]

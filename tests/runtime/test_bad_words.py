@@ -8,9 +8,10 @@ import torch
 from tokenrouter import TokenRoutingEngine
 from tokenrouter.engine.base import StepResult
 from tokenrouter.engine.sampling import sample_tokens
-from tokenrouter.policies.base import RequestView
+from tokenrouter.runtime.request import RequestState
 from tokenrouter.runtime.constraints import banned_next_tokens, enforce_bad_words
-from tokenrouter.runtime.messages import RequestSpec
+from tokenrouter.protocol import RequestSpec
+from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
 
 
@@ -23,7 +24,7 @@ def test_banned_next_tokens_follow_the_context():
 
 def _view(bad, temperature=0.0, seed=0):
     spec = RequestSpec(prompt_len=2, max_tokens=4, temperature=temperature, seed=seed, bad_sequences=bad)
-    return RequestView(rid="r", model="slm", model_index=0, token_ids=[1, 2], prompt_len=2, origins=[], spec=spec)
+    return RequestState(rid="r", model="slm", model_index=0, token_ids=[1, 2], prompt_len=2, origins=[], spec=spec)
 
 
 def test_resampling_keeps_allowed_tokens_and_replaces_banned_ones():
@@ -55,7 +56,7 @@ def test_served_output_avoids_bad_words_and_matches_reference(tiny_config, mixed
                 assert token not in banned_next_tokens(context, banned)
                 context.append(token)
             spec = RequestSpec(prompt_len=len(prompt), max_tokens=16, end_ids=end_ids, bad_sequences=banned)
-            tokens, _, _ = reference_generate(references, engine.policy, "slm", prompt, spec,
+            tokens, _, _ = reference_generate(references, build_policy(engine.config), "slm", prompt, spec,
                                               max_model_len=engine.max_model_len)
             assert result.token_ids == tokens
         assert [r.token_ids for r in results] != [r.token_ids for r in free]

@@ -28,3 +28,16 @@ def test_config_reference_lists_every_policy():
     documented = set(re.findall(r"`(\w+)`", row)) - {"name"}
     shipped = {name for name, cls in registered_policies().items() if cls.__module__.startswith("tokenrouter.")}
     assert documented == shipped  # tests register policies of their own; those are not shipped
+
+
+def test_every_scheduling_rule_names_tests_that_exist():
+    """docs/runtime.md lists each scheduling rule with the tests that hold it; a renamed or
+    deleted test must not leave the table pointing at nothing."""
+    text = (DOCS / "runtime.md").read_text()
+    table = text.split("## Scheduling rules and the tests that hold them", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(?:[\w.]+::)?(test_\w+)`", table))
+    files = set(re.findall(r"`(test_\w+)\.py", table))
+    here = Path(__file__).parent
+    defined = set(re.findall(r"^def (test_\w+)", "\n".join(p.read_text() for p in here.glob("test_*.py")), re.M))
+    assert len(named) > 20 and named <= defined, sorted(named - defined)
+    assert files and all((here / f"{name}.py").is_file() for name in files), files

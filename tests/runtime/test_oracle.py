@@ -1,7 +1,10 @@
 """Invariant 1: routed greedy output is token-for-token the naive step-by-step reference's,
 for 16 concurrent prompts of mixed lengths, every shipped policy that needs no trained weights,
 all four strategies and several batch thresholds. Also: no token is ever fed to an engine twice
-(resume after pending never recomputes the prefix)."""
+(resume after pending never recomputes the prefix).
+
+The reference (runtime/reference.py) shares no bookkeeping, stop rule or keep rule with the
+runtime and gets a policy object of its own, so a mistake in the runtime's copies shows."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ from collections import Counter
 import pytest
 
 from tokenrouter.runtime.api import TokenRoutingEngine
-from tokenrouter.runtime.messages import RequestSpec
+from tokenrouter.protocol import RequestSpec
+from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
 
 MAX_TOKENS = 20
@@ -41,7 +45,7 @@ def _expected(key: str, engine: TokenRoutingEngine, references, prompts) -> list
     if key not in _reference_cache:
         end_ids = sorted(engine.engines["slm"].eos_token_ids)
         _reference_cache[key] = [
-            reference_generate(references, engine.policy, "slm", prompt,
+            reference_generate(references, build_policy(engine.config), "slm", prompt,
                                RequestSpec(prompt_len=len(prompt), max_tokens=MAX_TOKENS, end_ids=end_ids),
                                max_model_len=engine.max_model_len)
             for prompt in prompts
@@ -54,13 +58,16 @@ def _expected(key: str, engine: TokenRoutingEngine, references, prompts) -> list
 def test_routed_output_equals_naive_reference(key, strategy, slm_b, llm_b, tiny_config, mixed_prompts, references):
     prompts = mixed_prompts(16)
     config = tiny_config(_policy_name(key), POLICIES[key], strategy=strategy, slm_b=slm_b, llm_b=llm_b)
-    with TokenRoutingEngine.from_config(config) as engine:
+    with TokenRoutingEngine.from_config(config, step_log=100_000) as engine:
         results = engine.generate(prompts, max_tokens=MAX_TOKENS, timeout=120)
         expected = _expected(key, engine, references, prompts)
         for prompt, result, (tokens, origins, reason) in zip(prompts, results, expected):
             assert result.token_ids == tokens, f"prompt {prompt}"
             assert result.models == [engine.config.model_names[o] for o in origins]
             assert result.finish_reason == reason
+            # Exact lengths, from the reference's own stop rule: an off-by-one in the runtime's
+            # rule (21 tokens for max_tokens 20) changes the output and is caught above too.
+            assert len(tokens) == MAX_TOKENS if reason == "length" else len(tokens) <= MAX_TOKENS
         _assert_no_token_fed_twice(engine, prompts, results)
         if key not in ("slm_only",):
             assert any(result.large_model_share > 0 for result in results), "the policy never routed"

@@ -30,7 +30,7 @@ def rich_config(tmp_path: Path) -> dict:
             "sim": {"engine": "simulated", "profile": {"decode_ms": [3.5, 4.0], "name": "x"}},
         },
         "entry": "small",
-        "policy": {"name": "r_stitch", "params": {"threshold": 0.05, "nested": {"k": [1, "v"]}},
+        "policy": {"name": "ensemble", "params": {"weights": {"small": 0.5, "large": 0.3, "sim": 0.2}, "carry_top_k": 8},
                    "weights": str(weights)},
         "scheduling": {"strategy": "eager_async", "max_wait_ms": 7.5, "max_active": 9},
         "chat_template": True,
@@ -169,3 +169,15 @@ def test_committed_repository_is_what_the_default_config_renders(tmp_path: Path)
     for path in files:
         assert (committed / path).read_text() == (rendered / path).read_text(), path
     assert read_repository(committed) == load_config(ROOT / "configs" / "qwen2.5-coder.yaml")
+
+
+@pytest.mark.parametrize("strategy", ["step_sync", "model_sync"])
+def test_a_strategy_triton_cannot_serve_is_refused_at_render(strategy: str, tmp_path: Path) -> None:
+    """Catches the old behaviour: the repository rendered fine and Triton refused it at load."""
+    raw = rich_config(tmp_path)
+    raw["scheduling"]["strategy"] = strategy
+    with pytest.raises(ConfigError) as caught:
+        render_repository(raw, tmp_path / "repo")
+    message = str(caught.value)
+    assert f"scheduling.strategy: '{strategy}'" in message and "'tokenrouter' or 'eager_async'" in message
+    assert "embedded API" in message and not (tmp_path / "repo").exists()

@@ -28,7 +28,7 @@ from .loadgen import run_closed_loop
 from .records import summarize
 from .report import fmt, ms, pct, table, verdict
 from .runner import Timing, median_of, median_row
-from .targets import EmbeddedTarget, Target
+from .targets import STEP_LOG, EmbeddedTarget, Target
 from .triton_target import TritonTarget
 from .workloads import TextPrompts, Workload
 
@@ -60,7 +60,7 @@ def run_served(config: TokenRouterConfig, clients: int, workload: Workload, timi
                 return own_cpu_seconds(), group_cpu_seconds(server.process.pid)
 
             def run(system: str, rep: int) -> dict[str, Any]:
-                target: Target = EmbeddedTarget(TokenRoutingEngine(config, engines=engines, codec=codec), large) \
+                target: Target = EmbeddedTarget(TokenRoutingEngine(config, engines=engines, codec=codec, step_log=STEP_LOG), large) \
                     if system == "embedded" else TritonTarget(server.grpc_url, large)
                 before = prometheus.scrape(metrics_url) if system == "served" else {}
                 cpu_before = cpu_seconds()

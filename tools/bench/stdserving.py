@@ -30,7 +30,7 @@ import torch
 
 from tokenrouter.engine.base import Engine, SamplingParams, StepRow
 from tokenrouter.policies.base import RoutingPolicy
-from tokenrouter.runtime.messages import RequestSpec
+from tokenrouter.protocol import RequestSpec
 from tokenrouter.runtime.reference import reference_generate
 from tokenrouter.text import TextCodec
 

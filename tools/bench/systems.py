@@ -24,7 +24,7 @@ from tokenrouter.text import TextCodec
 
 from .setups import LARGE, SMALL, Setup
 from .stdserving import StdServingTarget
-from .targets import EmbeddedTarget, Target
+from .targets import STEP_LOG, EmbeddedTarget, Target
 from .thresholds import step_latencies, thresholds_by_n
 
 SYSTEMS = ("llm_only", "slm_only", "std_serving", "r2r_lockstep", "step_sync", "model_sync", "eager_async",
@@ -87,4 +87,4 @@ class SystemFactory:
         if system == "tokenrouter" and thresholds is None:
             thresholds = self.thresholds(clients)
         config = load_config(system_config(self.setup, system, clients, thresholds))
-        return EmbeddedTarget(TokenRoutingEngine(config, engines=self.engines, codec=self.codec), LARGE)
+        return EmbeddedTarget(TokenRoutingEngine(config, engines=self.engines, codec=self.codec, step_log=STEP_LOG), LARGE)

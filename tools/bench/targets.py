@@ -17,6 +17,7 @@ from tokenrouter.runtime.request import RequestError
 from .records import Prompt, RequestRecord
 
 Spans = dict[str, list[tuple[float, float]]]
+STEP_LOG = 100_000  # step records kept per subserver of an embedded target (for step_spans)
 
 
 def time_left(deadline: float) -> float | None:
@@ -75,8 +76,8 @@ class EmbeddedTarget:
         return record
 
     def step_spans(self) -> Spans:
-        return {name: [(r.start, r.end) for r in list(server.step_log)]
-                for name, server in self.engine.subservers.items()}
+        return {name: [(r.start, r.end) for r in server.step_log]
+                for name, server in self.engine.subservers.items() if server.step_log is not None}
 
     def close(self) -> None:
         self.engine.shutdown()

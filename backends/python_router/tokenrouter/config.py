@@ -116,6 +116,14 @@ class PolicySpec(_Strict):
             raise ValueError(f"unknown policy '{value}'; allowed: {', '.join(sorted(known))}")
         return value
 
+    @model_validator(mode="after")
+    def _params(self) -> "PolicySpec":
+        """Each policy's own parameter model checks ``params``: a typo fails here, naming the field."""
+        from .policies.base import registered_policies
+
+        registered_policies()[self.name].parse_params(self.params)
+        return self
+
 
 class SchedulingSpec(_Strict):
     strategy: Literal["tokenrouter", "eager_async", "step_sync", "model_sync"] = "tokenrouter"

@@ -4,25 +4,29 @@ A policy never touches the scheduler, the KV pool or the transport. After every 
 subserver calls ``route`` on the whole batch; for each request routed away it calls ``send`` to
 build the message; the receiving subserver calls ``receive`` to decide which tokens to commit.
 
-    route(batch, out)       -> one destination model name per row (the current model = keep decoding)
+    route(batch, out)       -> one decision per row: a destination model name (the current model =
+                               keep decoding) or a ``Route`` that also sets the request's policy
+                               state or replaces the sampled token
     send(request, peer)     -> PeerMessage (``request.message_to(peer, keep_sampled=...)``)
     receive(request, msg)   -> the tokens of ``msg`` to commit (default: all of them)
 
-The token sampled in this step (``request.sampled_token``) is not committed yet when ``route``
-runs: if the request stays it is committed; if it leaves, ``send`` decides whether it travels
-(kept) or is dropped so the peer regenerates that position. A policy may overwrite
-``out.sampled[i]`` in ``route`` (an ensemble samples from its own mixture).
+Requests reach a policy as read-only ``RequestView``s (``tokenrouter.protocol``): a policy changes
+nothing behind the runtime's back; what it decides, it returns. The token sampled in this step
+(``request.sampled_token``) is not committed yet when ``route`` runs: if the request stays it is
+committed; if it leaves, ``send`` decides whether it travels (``keep_sampled``) or is dropped so
+the peer regenerates that position.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from ..engine.base import SamplingParams, StepResult
-from ..runtime.messages import PeerMessage, RequestSpec
+from ..protocol import PeerMessage, RequestSpec, RequestView, Route
 
 StepOutput = StepResult
 
@@ -31,54 +35,18 @@ class PolicyError(ValueError):
     """A policy name or parameter that cannot work; the message says what is allowed."""
 
 
-@dataclass
-class RequestView:
-    """What a policy sees of one request on the model that holds it."""
+class PolicyParams(BaseModel):
+    """A policy's parameters (``policy.params`` in config). Each policy declares its own subclass;
+    unknown names are refused, so a typo fails at config load naming the field."""
 
-    rid: str
-    model: str  # the model holding the request now
-    model_index: int  # its position in the config's model list (used for attribution)
-    token_ids: list[int]  # committed context: prompt + committed output tokens
-    prompt_len: int
-    origins: list[int]  # model index that produced each committed output token
-    spec: RequestSpec
-    state: dict[str, Any] = field(default_factory=dict)  # policy-owned; travels with the request
-    known: dict[str, int] = field(default_factory=dict)  # tokens each peer has seen (its anchor)
-    sampled_token: int | None = None  # sampled in this step at ``model``; not committed yet
-
-    @property
-    def num_generated(self) -> int:
-        return len(self.token_ids) - self.prompt_len
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.spec.temperature, self.spec.top_p, self.spec.top_k, self.spec.seed)
-
-    def message_to(self, peer: str, *, keep_sampled: bool = True, state: dict[str, Any] | None = None) -> PeerMessage:
-        """The handoff to ``peer``: every committed token ``peer`` has not seen, plus the sampled
-        token when ``keep_sampled`` (then it is committed here, attributed to this model)."""
-        tokens = list(self.token_ids)
-        origins = [-1] * self.prompt_len + list(self.origins)
-        if keep_sampled and self.sampled_token is not None:
-            tokens.append(self.sampled_token)
-            origins.append(self.model_index)
-        anchor = self.known.get(peer, 0)
-        return PeerMessage(
-            kind="handoff",
-            rid=self.rid,
-            sender=self.model,
-            anchor=anchor,
-            tokens=tokens[anchor:],
-            origins=origins[anchor:],
-            request=self.spec if anchor == 0 else None,
-            state=dict(self.state if state is None else state),
-        )
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class RoutingPolicy:
     """Base class: stays on the current model forever. Subclasses override what they need."""
 
     name: ClassVar[str] = ""
+    Params: ClassVar[type[PolicyParams]] = PolicyParams
     #: ask the engine for the last hidden state at every step (router networks need it)
     needs_hidden: ClassVar[bool] = False
     #: ask the engine for the top-k logits at every step (0 = no)
@@ -88,7 +56,7 @@ class RoutingPolicy:
                  weights: str | Path | None = None) -> None:
         self.models = list(models)
         self.entry = entry
-        self.params = dict(params or {})
+        self.params = self.parse_params(params)
         self.weights = Path(weights) if weights else None
         if entry not in self.models:
             raise PolicyError(f"entry model '{entry}' is not one of {self.models}")
@@ -105,16 +73,19 @@ class RoutingPolicy:
     def index(self, model: str) -> int:
         return self.models.index(model)
 
-    def param(self, key: str, default: Any, kind: type = float) -> Any:
-        """A parameter from config, converted to ``kind``; a clear error when it cannot be."""
-        value = self.params.get(key, default)
+    @classmethod
+    def parse_params(cls, params: dict[str, Any] | None) -> Any:
+        """``params`` checked against the policy's ``Params`` model; PolicyError names each bad field."""
         try:
-            return kind(value)
-        except (TypeError, ValueError):
-            raise PolicyError(f"policy '{self.name}': parameter '{key}' must be {kind.__name__}, got {value!r}") from None
+            return cls.Params.model_validate(dict(params or {}))
+        except ValidationError as err:
+            problems = "; ".join(f"params.{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+                                 for e in err.errors())
+            allowed = ", ".join(cls.Params.model_fields) or "none"
+            raise PolicyError(f"policy '{cls.name}': {problems} (parameters: {allowed})") from None
 
     # --- the three functions ------------------------------------------------------------------
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
+    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str | Route]:
         return [request.model for request in batch]
 
     def send(self, request: RequestView, peer: str) -> PeerMessage:
@@ -149,6 +120,11 @@ def create_policy(name: str, models: Sequence[str], entry: str, params: dict[str
     if name not in policies:
         raise PolicyError(f"unknown policy '{name}'; allowed: {', '.join(sorted(policies))}")
     return policies[name](models, entry, params, weights)
+
+
+def sampling_of(spec: RequestSpec) -> SamplingParams:
+    """The engine's sampling parameters for a request (a policy that samples uses the same draw)."""
+    return SamplingParams(spec.temperature, spec.top_p, spec.top_k, spec.seed)
 
 
 def uniform(*key: Any) -> float:

@@ -15,41 +15,47 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from pydantic import Field
 
-from ..runtime.messages import PeerMessage
-from .base import PolicyError, RequestView, RoutingPolicy, StepOutput
+from ..protocol import PeerMessage, Route
+from .base import PolicyError, PolicyParams, RequestView, RoutingPolicy, StepOutput
+
+
+class DeferralParams(PolicyParams):
+    run_length: int = Field(1, ge=1, description="tokens the large model writes before handing back")
 
 
 class DeferralPolicy(RoutingPolicy):
     """params: run_length (1): tokens the large model writes before handing back (when the
     subclass does not decide that itself)."""
 
+    Params = DeferralParams
     #: whether the small model's token at a deferred position travels (False: regenerated)
     keep_deferred_token: bool = False
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.run_length = self.param("run_length", 1, int)
-        if self.run_length < 1:
-            raise PolicyError(f"policy '{self.name}': run_length must be >= 1, got {self.run_length}")
+        self.run_length = self.params.run_length
 
     def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
         """On the small model: send this position to the large model?"""
         raise NotImplementedError
 
-    def hand_back(self, request: RequestView, out: StepOutput, row: int) -> bool:
-        """On the large model, after it sampled ``out.sampled[row]``: return to the small model?"""
-        return request.state.get("large_tokens", 0) >= self.run_length
+    def hand_back(self, request: RequestView, out: StepOutput, row: int, large_tokens: int) -> bool:
+        """On the large model, after it sampled ``out.sampled[row]``, its ``large_tokens``-th token
+        of this run: return to the small model?"""
+        return large_tokens >= self.run_length
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
-        destinations = []
+    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str | Route]:
+        decisions: list[str | Route] = []
         for row, request in enumerate(batch):
             if request.model == self.small:
-                destinations.append(self.large if self.defer(request, out, row) else self.small)
-            else:
-                request.state["large_tokens"] = request.state.get("large_tokens", 0) + 1
-                destinations.append(self.small if self.hand_back(request, out, row) else self.large)
-        return destinations
+                decisions.append(self.large if self.defer(request, out, row) else self.small)
+                continue
+            count = request.state.get("large_tokens", 0) + 1
+            back = self.hand_back(request, out, row, count)
+            decisions.append(Route(self.small if back else self.large, state={"large_tokens": count}))
+        return decisions
 
     def send(self, request: RequestView, peer: str) -> PeerMessage:
         if peer == self.large:

@@ -17,10 +17,17 @@ from typing import Any, Sequence
 import torch
 
 from ..engine.sampling import sample_tokens
-from ..runtime.messages import PeerMessage
-from .base import PolicyError, RequestView, RoutingPolicy, StepOutput, register_policy
+from ..protocol import PeerMessage, Route
+from pydantic import Field
+
+from .base import PolicyError, PolicyParams, RequestView, RoutingPolicy, StepOutput, register_policy, sampling_of
 
 DEFAULT_WEIGHTS = (0.5, 0.3, 0.2)  # the paper's weights over 0.6B/8B/32B, in config order
+
+
+class EnsembleParams(PolicyParams):
+    weights: list[float] | dict[str, float] | None = None  # checked against the model list below
+    carry_top_k: int = Field(64, ge=1, description="entries of each intermediate contribution that travel")
 
 
 @register_policy
@@ -29,16 +36,15 @@ class Ensemble(RoutingPolicy):
     truncated to the models and normalized, uniform beyond three), carry_top_k (64)."""
 
     name = "ensemble"
+    Params = EnsembleParams
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if len(self.models) < 2:
             raise PolicyError(f"policy 'ensemble' needs at least 2 models, got {self.models}")
         self.ring = [self.entry] + [m for m in self.models if m != self.entry]
-        self.weights_by_model = self._weights(self.params.get("weights"))
-        self.carry_top_k = self.param("carry_top_k", 64, int)
-        if self.carry_top_k < 1:
-            raise PolicyError(f"policy 'ensemble': carry_top_k must be >= 1, got {self.carry_top_k}")
+        self.weights_by_model = self._weights(self.params.weights)
+        self.carry_top_k = self.params.carry_top_k
 
     def _weights(self, raw: Any) -> dict[str, float]:
         if raw is None:
@@ -48,12 +54,9 @@ class Ensemble(RoutingPolicy):
             if unknown or len(raw) != len(self.models):
                 raise PolicyError(f"policy 'ensemble': weights must name every model of {self.models}, got {raw}")
             raw = [raw[m] for m in self.models]
-        if not isinstance(raw, (list, tuple)) or len(raw) != len(self.models):
+        if len(raw) != len(self.models):
             raise PolicyError(f"policy 'ensemble': weights need one number per model {self.models}, got {raw!r}")
-        try:
-            values = [float(w) for w in raw]
-        except (TypeError, ValueError):
-            raise PolicyError(f"policy 'ensemble': weights must be numbers, got {raw!r}") from None
+        values = [float(w) for w in raw]
         if any(w < 0 for w in values) or sum(values) <= 0:
             raise PolicyError(f"policy 'ensemble': weights must be >= 0 with a positive sum, got {values}")
         total = sum(values)
@@ -63,8 +66,8 @@ class Ensemble(RoutingPolicy):
         """weight * softmax(logits) for one row [V], in float64."""
         return self.weights_by_model[model] * torch.softmax(logits.double(), dim=-1)
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
-        destinations = []
+    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[Route]:
+        decisions = []
         for row, request in enumerate(batch):
             position = self.ring.index(request.model)
             part = self.contribution(request.model, out.logits[row])
@@ -72,16 +75,12 @@ class Ensemble(RoutingPolicy):
             if position > 0 and carried is None:
                 raise PolicyError(f"policy 'ensemble': request {request.rid} reached {request.model} without a mixture")
             if position < len(self.ring) - 1:
-                request.state = {"mix": merge_sparse(carried, part, self.carry_top_k)}
-                destinations.append(self.ring[position + 1])
+                decisions.append(Route(self.ring[position + 1], state={"mix": merge_sparse(carried, part, self.carry_top_k)}))
                 continue
             mixture = add_sparse(part, carried)
-            token = int(sample_tokens(mixture.log()[None], [request.sampling], [int(out.positions[row])])[0])
-            out.sampled[row] = token
-            request.sampled_token = token
-            request.state = {}
-            destinations.append(self.ring[0])
-        return destinations
+            token = int(sample_tokens(mixture.log()[None], [sampling_of(request.spec)], [int(out.positions[row])])[0])
+            decisions.append(Route(self.ring[0], state={}, token=token))
+        return decisions
 
     def send(self, request: RequestView, peer: str) -> PeerMessage:
         # Back to the first model with the sampled mixture token; forward without one.

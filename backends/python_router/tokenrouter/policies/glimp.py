@@ -11,10 +11,18 @@ own step and the large model hands back after ``run_length`` tokens (token-level
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 
-from .base import PolicyError, RequestView, StepOutput, register_policy
-from .deferral import DeferralPolicy
+from .base import RequestView, StepOutput, register_policy
+from .deferral import DeferralParams, DeferralPolicy
 from .r_stitch import row_entropy
+
+
+class GlimpParams(DeferralParams):
+    threshold: float = 0.1  # normalized entropy of a step's first token above which the step is deferred
+    min_confidence: float = 0.0  # also defer when the first token's probability is below this (0 = off)
+    step_end_ids: list[int] = Field(default_factory=list, description="token ids that end a step")
+    max_step_tokens: int = Field(256, ge=1)
 
 
 @register_policy
@@ -23,18 +31,14 @@ class GlimpRouter(DeferralPolicy):
     max_step_tokens (256), run_length (1; only without step_end_ids)."""
 
     name = "glimp"
+    Params = GlimpParams
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.threshold = self.param("threshold", 0.1)
-        self.min_confidence = self.param("min_confidence", 0.0)
-        self.max_step_tokens = self.param("max_step_tokens", 256, int)
-        ids = self.params.get("step_end_ids", [])
-        if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) for i in ids):
-            raise PolicyError(f"policy 'glimp': step_end_ids must be a list of token ids, got {ids!r}")
-        self.step_end_ids = frozenset(ids)
-        if self.max_step_tokens < 1:
-            raise PolicyError(f"policy 'glimp': max_step_tokens must be >= 1, got {self.max_step_tokens}")
+        self.threshold = self.params.threshold
+        self.min_confidence = self.params.min_confidence
+        self.max_step_tokens = self.params.max_step_tokens
+        self.step_end_ids = frozenset(self.params.step_end_ids)
 
     def step_start(self, request: RequestView) -> bool:
         """Is the token being sampled the first of a step?"""
@@ -50,8 +54,8 @@ class GlimpRouter(DeferralPolicy):
         top = float(torch.softmax(out.logits[row].float(), dim=-1).max())
         return top < self.min_confidence
 
-    def hand_back(self, request: RequestView, out: StepOutput, row: int) -> bool:
+    def hand_back(self, request: RequestView, out: StepOutput, row: int, large_tokens: int) -> bool:
         if not self.step_end_ids:
-            return super().hand_back(request, out, row)
+            return super().hand_back(request, out, row, large_tokens)
         ended = int(out.sampled[row]) in self.step_end_ids
-        return ended or request.state.get("large_tokens", 0) >= self.max_step_tokens
+        return ended or large_tokens >= self.max_step_tokens

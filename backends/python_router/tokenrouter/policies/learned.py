@@ -10,7 +10,11 @@ from __future__ import annotations
 import torch
 
 from .base import RequestView, StepOutput
-from .deferral import DeferralPolicy, row_hidden
+from .deferral import DeferralParams, DeferralPolicy, row_hidden
+
+
+class LearnedParams(DeferralParams):
+    threshold: float | None = None  # None: the threshold training picked (in the router's metadata)
 from .networks import load_router
 
 
@@ -18,11 +22,12 @@ class LearnedDeferral(DeferralPolicy):
     """params: threshold (from the router's metadata), run_length (1)."""
 
     needs_hidden = True
+    Params = LearnedParams
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.router = load_router(self.weights, self.name)
-        self.threshold = self.param("threshold", self.router.threshold)
+        self.threshold = self.router.threshold if self.params.threshold is None else self.params.threshold
 
     def logit(self, hidden: torch.Tensor, out: StepOutput, row: int) -> torch.Tensor:
         """The router's logit for one row, given its hidden state [1, H]. Default: a hidden-state head."""

@@ -14,18 +14,23 @@ modes:
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 
-from ..runtime.messages import PeerMessage
-from .base import PolicyError, RequestView, RoutingPolicy, StepOutput, register_policy
+from ..protocol import PeerMessage, Route
+from .base import PolicyParams, RequestView, RoutingPolicy, StepOutput, register_policy
 from .deferral import row_hidden
 from .networks import load_router
 from .r_stitch import row_entropy
 
-MODES = ("length", "entropy", "classifier")
-HEADS = ("citer", "co_llm")  # routers that read the hidden state alone
+
+
+class QueryLevelParams(PolicyParams):
+    mode: Literal["length", "entropy", "classifier"] = "entropy"
+    threshold: float | None = None  # None: 0.1 for entropy, the head's trained threshold for classifier
+    min_prompt_tokens: int = 256
+    classifier: Literal["citer", "co_llm"] = "citer"  # heads that read the hidden state alone
 
 
 @register_policy
@@ -34,21 +39,18 @@ class QueryLevel(RoutingPolicy):
     classifier), min_prompt_tokens (256), classifier (citer)."""
 
     name = "query_level"
+    Params = QueryLevelParams
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.mode = self.param("mode", "entropy", str)
-        if self.mode not in MODES:
-            raise PolicyError(f"policy 'query_level': mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        self.min_prompt_tokens = self.param("min_prompt_tokens", 256, int)
+        self.mode = self.params.mode
+        self.min_prompt_tokens = self.params.min_prompt_tokens
         self.router = None
         if self.mode == "classifier":
-            head = self.param("classifier", "citer", str)
-            if head not in HEADS:
-                raise PolicyError(f"policy 'query_level': classifier must be one of {', '.join(HEADS)}, got {head!r}")
-            self.router = load_router(self.weights, head)
+            self.router = load_router(self.weights, self.params.classifier)
             self.needs_hidden = True
-        self.threshold = self.param("threshold", self.router.threshold if self.router else 0.1)
+        default = self.router.threshold if self.router else 0.1
+        self.threshold = default if self.params.threshold is None else self.params.threshold
 
     @torch.inference_mode()
     def wants_large(self, request: RequestView, out: StepOutput, row: int) -> bool:
@@ -58,14 +60,15 @@ class QueryLevel(RoutingPolicy):
             return row_entropy(out, row) > self.threshold
         return float(torch.sigmoid(self.router.network(row_hidden(self, out, row, self.router.hidden_size)))[0]) >= self.threshold
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
-        destinations = []
+    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str | Route]:
+        decisions: list[str | Route] = []
         for row, request in enumerate(batch):
-            if "query_model" not in request.state:
-                chosen = self.large if self.wants_large(request, out, row) else self.small
-                request.state["query_model"] = chosen
-            destinations.append(request.state["query_model"])
-        return destinations
+            if "query_model" in request.state:
+                decisions.append(request.state["query_model"])
+                continue
+            chosen = self.large if self.wants_large(request, out, row) else self.small
+            decisions.append(Route(chosen, state={"query_model": chosen}))
+        return decisions
 
     def send(self, request: RequestView, peer: str) -> PeerMessage:
         return request.message_to(peer, keep_sampled=False, state=request.state)

@@ -12,7 +12,11 @@ import math
 import torch
 
 from .base import RequestView, StepOutput, register_policy
-from .deferral import DeferralPolicy
+from .deferral import DeferralParams, DeferralPolicy
+
+
+class RStitchParams(DeferralParams):
+    threshold: float = 0.03  # normalized entropy above which a position belongs to the large model
 
 
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -32,14 +36,15 @@ class RStitch(DeferralPolicy):
     """params: threshold (0.03)."""
 
     name = "r_stitch"
+    Params = RStitchParams
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.threshold = self.param("threshold", 0.03)
+        self.threshold = self.params.threshold
 
     # Same rule on both models: uncertain positions belong to the large model.
     def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
         return row_entropy(out, row) > self.threshold
 
-    def hand_back(self, request: RequestView, out: StepOutput, row: int) -> bool:
+    def hand_back(self, request: RequestView, out: StepOutput, row: int, large_tokens: int) -> bool:
         return row_entropy(out, row) <= self.threshold

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .base import PolicyError, RequestView, RoutingPolicy, StepOutput, register_policy, uniform
-from .deferral import DeferralPolicy
+from pydantic import Field
+
+from .base import RequestView, RoutingPolicy, StepOutput, register_policy, uniform
+from .deferral import DeferralParams, DeferralPolicy
+
+
+class RandomParams(DeferralParams):
+    rate: float = Field(0.1, ge=0.0, le=1.0, description="probability that a position goes to the large model")
+    seed: int = 0
+    keep_sampled: bool = False  # the small model's drafted token travels (else the large model regenerates it)
 
 
 @register_policy
@@ -42,14 +50,13 @@ class RandomRouting(DeferralPolicy):
     """
 
     name = "random"
+    Params = RandomParams
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.rate = self.param("rate", 0.1)
-        self.seed = self.param("seed", 0, int)
-        self.keep_deferred_token = bool(self.params.get("keep_sampled", False))
-        if not 0.0 <= self.rate <= 1.0:
-            raise PolicyError(f"policy 'random': need 0 <= rate <= 1, got {self.rate}")
+        self.rate = self.params.rate
+        self.seed = self.params.seed
+        self.keep_deferred_token = self.params.keep_sampled
 
     def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
         return uniform("random-policy", self.seed, request.spec.seed, len(request.token_ids)) < self.rate

@@ -21,7 +21,8 @@ from ..engine.base import Engine
 from ..engine.factory import create_engine
 from ..text import TextCodec
 from .assembly import build_policy, build_subserver, effective_max_model_len, make_auto_thresholds
-from .messages import RequestSpec
+from ..protocol import RequestSpec
+from .observers import StepLog
 from .request import RequestError
 from .strategies import make_strategy
 from .subserver import Subserver
@@ -100,7 +101,9 @@ class TokenRoutingEngine:
     """All models of a config, served in this process."""
 
     def __init__(self, config: TokenRouterConfig, engines: dict[str, Engine] | None = None,
-                 codec: TextCodec | None = None) -> None:
+                 codec: TextCodec | None = None, *, step_log: int = 0) -> None:
+        """``step_log``: keep each subserver's last that many step records (``subserver.step_log``;
+        for benchmarks and tests); 0 keeps none."""
         self.config = config
         names = config.model_names
         self._owns_engines = engines is None  # engines passed in stay open for their owner to reuse
@@ -116,8 +119,10 @@ class TokenRoutingEngine:
         self.policy = build_policy(config)
         self.subservers: dict[str, Subserver] = {}
         for name in names:
+            observers = [StepLog(step_log)] if step_log else []
             server = build_subserver(config, name, self.engines[name], self.policy, self.transport, self.strategy,
-                                     max_model_len=self.max_model_len, auto=self.auto, capacities=capacities)
+                                     max_model_len=self.max_model_len, auto=self.auto, capacities=capacities,
+                                     observers=observers)
             self.transport.connect(name, server.deliver)
             self.subservers[name] = server
         self.entry = self.subservers[config.entry]
@@ -127,8 +132,8 @@ class TokenRoutingEngine:
             server.start()
 
     @classmethod
-    def from_config(cls, source: str | Path | dict[str, Any] | TokenRouterConfig) -> "TokenRoutingEngine":
-        return cls(load_config(source))
+    def from_config(cls, source: str | Path | dict[str, Any] | TokenRouterConfig, **kwargs: Any) -> "TokenRoutingEngine":
+        return cls(load_config(source), **kwargs)
 
     # --- requests --------------------------------------------------------------------------------
     def submit(self, prompt: Prompt, *, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
@@ -198,6 +203,12 @@ class TokenRoutingEngine:
     # --- introspection ---------------------------------------------------------------------------
     def kv_blocks_used(self) -> dict[str, int]:
         return {name: engine.num_used_blocks for name, engine in self.engines.items()}
+
+    @property
+    def alive(self) -> bool:
+        """Every subserver's loop runs (False after shutdown, or when a loop died: its
+        ``failure`` says why, and its requests ended with that error)."""
+        return all(server.alive for server in self.subservers.values())
 
     def held_requests(self) -> dict[str, int]:
         """Requests each subserver still tracks (running or pending)."""

@@ -1,16 +1,24 @@
 """Turn a validated config into subservers. Shared by the embedded API (all models in one process)
-and the Triton backend (one model per stub process), so both run the same runtime."""
+and the Triton backend (one model per stub process), so both run the same runtime.
+
+This is the one runtime module that knows the policy registry: it is where a config's names
+become objects. The core and the loop see a policy only through ``tokenrouter.protocol.Policy``.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..config import ModelSpec, TokenRouterConfig
 from ..engine.base import Engine
 from ..policies.base import RoutingPolicy, create_policy
+from .core import Limits, SubserverCore
+from .observers import StepObserver, ThresholdFeed
 from .strategies import Strategy
-from .subserver import Limits, Subserver
+from .subserver import Subserver
 from .transport import Transport
+
+ESTIMATES_EVERY_S = 0.5  # how often a subserver alone in its process shares its observations
 
 
 def build_policy(config: TokenRouterConfig) -> RoutingPolicy:
@@ -41,21 +49,25 @@ def effective_max_model_len(config: TokenRouterConfig, engine_limits: list[int])
 
 def build_subserver(config: TokenRouterConfig, name: str, engine: Engine, policy: RoutingPolicy,
                     transport: Transport, strategy: Strategy, *, max_model_len: int, auto=None,
-                    capacities: dict[str, tuple[int, int]] | None = None) -> Subserver:
+                    capacities: dict[str, tuple[int, int]] | None = None,
+                    observers: Sequence[StepObserver] = ()) -> Subserver:
+    """``auto``: the online threshold estimator all subservers of this process share; without
+    one, a config asking for ``batch_threshold: auto`` gets an estimator per subserver."""
     spec = config.models[name]
-    limits = Limits(max_model_len=max_model_len, max_batch_size=spec.max_batch_size,
-                    max_prefill_tokens=spec.max_prefill_tokens, max_wait_s=config.scheduling.max_wait_ms / 1000,
+    limits = Limits(max_batch_size=spec.max_batch_size, max_prefill_tokens=spec.max_prefill_tokens,
+                    max_wait_s=config.scheduling.max_wait_ms / 1000, max_model_len=max_model_len,
                     max_active=config.scheduling.max_active)
-    on_step = None
+    feeds = []
     if auto is not None:
-        def on_step(server: Subserver, destinations: list[str], committed: list[int], latency_s: float | None) -> None:
-            if latency_s is not None:  # the chain models decode steps
-                auto.observe_step(server.index, len(destinations), latency_s)
-            routed = [(server.models.index(d), c) for d, c in zip(destinations, committed) if d in server.models]
-            auto.observe_routes(server.index, [d for d, _ in routed], [c for _, c in routed])
-    return Subserver(name, config.model_names, config.entry, engine, policy, transport, strategy, limits,
-                     threshold=threshold_function(config, name, auto),
-                     capacities=capacities if name == config.entry else None, on_step=on_step)
+        feeds.append(ThresholdFeed(auto))
+    elif strategy.uses_thresholds and (auto := make_auto_thresholds(config)) is not None:
+        # This subserver runs alone in its process (Triton): an estimator of its own, sharing
+        # what it observes of its model with the peers' estimators.
+        feeds.append(ThresholdFeed(auto, share_every_s=ESTIMATES_EVERY_S, owned=True))
+    threshold = threshold_function(config, name, auto) if strategy.uses_thresholds else (lambda active: 1)
+    core = SubserverCore(name, config.model_names, config.entry, policy, limits, threshold=threshold,
+                         capacities=capacities if name == config.entry else None)
+    return Subserver(core, engine, transport, strategy, observers=[*feeds, *observers])
 
 
 def make_auto_thresholds(config: TokenRouterConfig):

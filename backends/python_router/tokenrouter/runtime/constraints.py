@@ -14,7 +14,7 @@ import torch
 
 from ..engine.base import StepResult
 from ..engine.sampling import sample_tokens
-from ..policies.base import RequestView
+from .request import RequestState
 
 
 def banned_next_tokens(context: Sequence[int], bad_sequences: Sequence[Sequence[int]]) -> list[int]:
@@ -26,7 +26,7 @@ def banned_next_tokens(context: Sequence[int], bad_sequences: Sequence[Sequence[
     return banned
 
 
-def enforce_bad_words(views: Sequence[RequestView], out: StepResult) -> None:
+def enforce_bad_words(views: Sequence[RequestState], out: StepResult) -> None:
     """Mask banned next tokens in ``out.logits`` and resample the rows that hit one (in place)."""
     masks = [(row, banned_next_tokens(view.token_ids, view.spec.bad_sequences))
              for row, view in enumerate(views) if view.spec.bad_sequences]

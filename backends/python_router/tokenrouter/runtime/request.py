@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from ..policies.base import RequestView
-from .messages import RequestSpec
+from ..engine.base import SamplingParams
+from ..protocol import RequestSpec, RequestView
 
 FINISH_REASONS = ("eos", "stop", "length", "cancelled", "error")
 
@@ -17,12 +16,37 @@ class RequestError(ValueError):
 
 
 @dataclass
-class RequestState(RequestView):
-    """Per-model record. ``here`` is True while this model holds the request (runnable);
-    False while it is pending elsewhere, with its KV kept in this model's pool."""
+class RequestState:
+    """Per-model record, owned by one subserver core. ``here`` is True while this model holds the
+    request (runnable); False while it is pending elsewhere, with its KV kept in this model's pool."""
 
+    rid: str
+    model: str  # this subserver's model
+    model_index: int  # its position in the config's model list (used for attribution)
+    token_ids: list[int]  # committed context: prompt + committed output tokens
+    prompt_len: int
+    origins: list[int]  # model index that produced each committed output token
+    spec: RequestSpec
+    state: dict[str, Any] = field(default_factory=dict)  # the policy's slot; travels with the request
+    known: dict[str, int] = field(default_factory=dict)  # tokens each peer has seen (its anchor)
+    sampled_token: int | None = None  # sampled in this step here; not committed yet
     here: bool = False
-    ready_since: float = field(default_factory=time.monotonic)  # when it last became runnable here
+    cached: int = 0  # context tokens this model's engine holds KV for
+    ready_since: float = 0.0  # when it last became runnable here (the core's clock)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.spec.temperature, self.spec.top_p, self.spec.top_k, self.spec.seed)
+
+    def view(self) -> RequestView:
+        """What a policy may see of this request (read-only; no copies of the context)."""
+        return RequestView(rid=self.rid, model=self.model, model_index=self.model_index, token_ids=self.token_ids,
+                           prompt_len=self.prompt_len, origins=self.origins, spec=self.spec, state=self.state,
+                           known=self.known, sampled_token=self.sampled_token)
 
     def commit(self, tokens: list[int], origins: list[int]) -> None:
         self.token_ids.extend(tokens)
@@ -75,7 +99,7 @@ class Submission:
     prompt_ids: list[int]
     spec: RequestSpec
     sink: ClientSink
-    submitted_at: float = field(default_factory=time.monotonic)
+    submitted_at: float = 0.0  # on the submitting loop's clock
 
 
 def validate_sampling(*, max_tokens: int, temperature: float, top_p: float, top_k: int) -> None:

@@ -15,6 +15,10 @@ from typing import Callable, TypeVar
 
 T = TypeVar("T")
 
+# Strategies whose models need nothing from each other but messages, so each model may run in its
+# own process (Triton). model_sync and step_sync coordinate through a lock or a barrier in memory.
+MULTI_PROCESS = ("tokenrouter", "eager_async")
+
 
 class Strategy:
     """Asynchronous execution: no coordination between models."""

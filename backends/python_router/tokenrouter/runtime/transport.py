@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from typing import Callable
 
-from .messages import PeerMessage
+from ..protocol import PeerMessage
 
 Deliver = Callable[[PeerMessage], None]
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..runtime.messages import PeerMessage, encode_batch
+from ..protocol import PeerMessage, encode_batch
 from ..runtime.transport import Transport
 
 log = logging.getLogger(__name__)

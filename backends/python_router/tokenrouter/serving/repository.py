@@ -30,6 +30,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..config import ConfigError, ModelSpec, TokenRouterConfig, load_config
+from ..runtime.strategies import MULTI_PROCESS
 
 ENSEMBLE = "tokenrouter"
 PREPROCESSING = "preprocessing"
@@ -278,6 +279,12 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
     """
     config = load_config(config)
     out_dir = Path(out_dir).resolve()
+    if config.scheduling.strategy not in MULTI_PROCESS:
+        raise ConfigError(
+            f"scheduling.strategy: '{config.scheduling.strategy}' coordinates the models through memory they share; "
+            f"Triton runs each model in its own process, so it cannot serve it. Use "
+            f"{' or '.join(repr(s) for s in MULTI_PROCESS)}, or run '{config.scheduling.strategy}' in the embedded "
+            f"API (TokenRoutingEngine), e.g. for a comparison")
     if config.tokenizer_path is None:
         raise ConfigError("the repository needs a tokenizer: set `tokenizer` or a `path` on the entry model")
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MARKER).is_file():

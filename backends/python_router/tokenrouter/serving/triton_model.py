@@ -21,7 +21,7 @@ import numpy as np
 
 from ..engine.factory import create_engine
 from ..runtime.assembly import build_policy, build_subserver, effective_max_model_len, kv_capacity
-from ..runtime.messages import RequestSpec, decode_batch
+from ..protocol import RequestSpec, decode_batch
 from ..runtime.request import RequestError
 from ..runtime.strategies import make_strategy
 from .bls_transport import PEER_INPUT, BlsTransport

@@ -97,6 +97,27 @@ class AutoThresholds:
                 tokens *= 0.5
                 self._routed[model] *= 0.5
 
+    # --- one model's observations, between processes (Triton runs one subserver per process) ----
+    def export_model(self, model: int) -> dict:
+        """What this estimator observed of ``model``, JSON-ready (for the other processes' estimators)."""
+        with self._lock:
+            return {"latency": {str(b): list(entry) for b, entry in self._latency[model].items()},
+                    "steps": self._steps[model], "routes": self._routes[model].tolist(),
+                    "tokens": self._tokens[model].tolist(), "routed": self._routed[model]}
+
+    def import_model(self, model: int, observed: dict) -> None:
+        """Replace what is known of ``model`` with another process's ``export_model(model)``."""
+        M = len(self.models)
+        latency = {int(b): [float(e), int(n)] for b, (e, n) in observed["latency"].items()}
+        routes, tokens = np.asarray(observed["routes"], float), np.asarray(observed["tokens"], float)
+        if routes.shape != (M,) or tokens.shape != (M,) or any(b < 1 for b in latency):
+            raise ValueError(f"observations of model {model} do not fit {M} models")
+        with self._lock:
+            self._latency[model] = latency
+            self._steps[model] = int(observed["steps"])
+            self._routes[model], self._tokens[model] = routes, tokens
+            self._routed[model] = float(observed["routed"])
+
     def thresholds(self, active: int) -> list[int]:
         """B* for ``active`` requests (all ones until the first solve); sum(B_i - 1) < active."""
         n = min(max(active, 1), self.max_active)

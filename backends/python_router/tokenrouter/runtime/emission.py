@@ -1,0 +1,36 @@
+"""Client output at the entry: one sink per admitted request, and the output count per model."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .effects import Emit
+from .request import ClientSink
+
+
+class ClientOutputs:
+    def __init__(self, output_by_model: Counter) -> None:
+        """``output_by_model`` counts the output tokens emitted per model index (a stats counter)."""
+        self._sinks: dict[str, ClientSink] = {}
+        self.output_by_model = output_by_model
+
+    def open(self, rid: str, sink: ClientSink) -> None:
+        self._sinks[rid] = sink
+
+    def emit(self, rid: str, tokens: list[int], origins: list[int], reason: str | None = None,
+             error: str | None = None) -> list[Emit]:
+        """The output effect for ``rid``; none once its sink is closed (the client already heard
+        the end). The effect that carries a finish reason closes the sink."""
+        sink = self._sinks.get(rid)
+        if sink is None:
+            return []
+        if reason is not None:
+            del self._sinks[rid]
+        self.output_by_model.update(origins)
+        return [Emit(rid, sink, list(tokens), list(origins), reason, error)]
+
+    def close(self, rid: str) -> None:
+        self._sinks.pop(rid, None)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._sinks

@@ -1,0 +1,458 @@
+"""The subserver core driven synchronously: events in, effects out, no thread, engine or clock.
+
+Each test names the scheduling rule it holds (docs/runtime.md lists them with these tests) and
+the bug that would make it fail.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from tokenrouter.engine.base import StepResult
+from tokenrouter.protocol import PeerMessage, RequestSpec, RequestView, Route
+from tokenrouter.runtime.core import Limits, SubserverCore
+from tokenrouter.runtime.effects import Batch, Emit, Release, Routed, Send
+from tokenrouter.runtime.request import RequestError, Submission
+
+import pytest
+
+VOCAB = 16
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.origins: list[int] = []
+        self.finish: str | None = None
+        self.error: str | None = None
+
+    def on_output(self, tokens, origins, finish_reason=None, error=None) -> None:
+        self.tokens += tokens
+        self.origins += origins
+        self.finish, self.error = finish_reason, error
+
+
+class Scripted:
+    """A policy whose destinations are set per (model, rid) by the test; default: stay."""
+
+    name = "scripted"
+    needs_hidden = False
+    top_logits = 0
+
+    def __init__(self, keep_sampled: bool = False) -> None:
+        self.plan: dict[tuple[str, str], str] = {}
+        self.keep_sampled = keep_sampled
+        self.fail_on: set[str] = set()
+
+    def route(self, batch: Sequence[RequestView], out) -> list[str | Route]:
+        if any(view.rid in self.fail_on for view in batch):
+            raise RuntimeError("scripted failure")
+        return [self.plan.get((view.model, view.rid), view.model) for view in batch]
+
+    def send(self, request: RequestView, peer: str) -> PeerMessage:
+        return request.message_to(peer, keep_sampled=self.keep_sampled)
+
+    def receive(self, request: RequestView, message: PeerMessage) -> list[int]:
+        return list(message.tokens)
+
+
+def core(name: str = "a", *, policy=None, threshold=lambda n: 1, capacities=None, max_batch_size=8,
+         max_prefill_tokens=64, max_wait_s=1.0, max_active=4, max_model_len=64) -> SubserverCore:
+    limits = Limits(max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens, max_wait_s=max_wait_s,
+                    max_model_len=max_model_len, max_active=max_active)
+    return SubserverCore(name, ["a", "b"], "a", policy or Scripted(), limits, threshold=threshold,
+                         capacities=capacities if capacities is not None else {"a": (64, 4), "b": (64, 4)})
+
+
+def submit(entry: SubserverCore, rid: str, prompt: Sequence[int] = (1, 2, 3), max_tokens: int = 4,
+           now: float = 0.0) -> Sink:
+    sink = Sink()
+    spec = RequestSpec(prompt_len=len(prompt), max_tokens=max_tokens, end_ids=[0])
+    entry.validate(list(prompt), spec, VOCAB)
+    assert entry.submit(Submission(rid, list(prompt), spec, sink, submitted_at=now), now) == []
+    return sink
+
+
+def run(effects) -> list:
+    """Perform Emit effects on their sinks (what the loop does); return all effects."""
+    for effect in effects:
+        if isinstance(effect, Emit):
+            effect.sink.on_output(effect.tokens, effect.origins, effect.finish_reason, effect.error)
+    return effects
+
+
+def step(c: SubserverCore, batch: Batch, tokens: Sequence[int], now: float = 0.0) -> list:
+    """The engine ran ``batch`` and sampled ``tokens`` (one per row)."""
+    result = StepResult(seq_ids=batch.rids, sampled=torch.tensor(list(tokens)), logits=torch.zeros(len(tokens), VOCAB),
+                        positions=torch.zeros(len(tokens), dtype=torch.long))
+    return run(c.on_step(batch, result, now))
+
+
+def sends(effects, kind: str | None = None) -> list[Send]:
+    return [e for e in effects if isinstance(e, Send) and (kind is None or e.message.kind == kind)]
+
+
+def hand_to_peer(peer: SubserverCore, rid: str, prompt: Sequence[int] = (1, 2, 3), now: float = 0.0) -> list:
+    spec = RequestSpec(prompt_len=len(prompt), max_tokens=8)
+    message = PeerMessage(kind="handoff", rid=rid, sender="a", anchor=0, tokens=list(prompt),
+                          origins=[-1] * len(prompt), request=spec, active=None)
+    return peer.on_message(message, now)
+
+
+# --- delayed batching ------------------------------------------------------------------------------------
+def test_delayed_batching_waits_for_b_ready_rows_then_runs_them_together():
+    """Rule: a model steps only once min(B(N), N) requests are ready. Catches a scheduler that
+    starts a step as soon as anything is runnable (delayed batching switched off)."""
+    b = core("b", threshold=lambda n: 3)
+    b.on_message(PeerMessage(kind="active", rid="", sender="a", active=4), 0.0)
+    hand_to_peer(b, "r0", now=0.0)
+    hand_to_peer(b, "r1", now=0.1)
+    assert b.schedule(0.2) is None  # 2 ready < B = 3, and the oldest waited 0.2 s of 1 s
+    assert b.wait_left(0.2) == pytest.approx(0.8)
+    hand_to_peer(b, "r2", now=0.3)
+    batch = b.schedule(0.3)
+    assert batch is not None and batch.rids == ["r0", "r1", "r2"]
+
+
+def test_threshold_is_capped_by_the_active_count():
+    """Rule: with every active request here there is nothing to wait for (B capped at N).
+    Catches a threshold that waits for requests that do not exist (stalls until max_wait)."""
+    b = core("b", threshold=lambda n: 3)
+    b.on_message(PeerMessage(kind="active", rid="", sender="a", active=2), 0.0)
+    hand_to_peer(b, "r0")
+    hand_to_peer(b, "r1")
+    assert b.schedule(0.0).rids == ["r0", "r1"]
+
+
+def test_starvation_guard_starts_a_short_batch_after_max_wait():
+    """Rule: the oldest ready request never waits longer than max_wait. Catches a guard that
+    is missing or measured from the wrong request."""
+    b = core("b", threshold=lambda n: 3, max_wait_s=0.5)
+    b.on_message(PeerMessage(kind="active", rid="", sender="a", active=4), 0.0)
+    hand_to_peer(b, "r0", now=0.0)
+    hand_to_peer(b, "r1", now=0.4)
+    assert b.schedule(0.49) is None
+    assert b.schedule(0.5).rids == ["r0", "r1"]
+
+
+def test_threshold_reads_the_active_count_the_entry_broadcasts():
+    """Rule: B is a function of the global N, which only the entry counts. Catches a peer that
+    uses its own held count, or an entry that does not broadcast N."""
+    seen = []
+    a = core("a", threshold=lambda n: seen.append(n) or 1)
+    submit(a, "r0")
+    submit(a, "r1")
+    effects = a.tick(0.0)
+    assert [s.message.active for s in sends(effects, "active")] == [1, 2]
+    a.schedule(0.0)
+    assert seen[-1] == 2
+
+
+# --- admission -------------------------------------------------------------------------------------------
+def test_admission_reserves_kv_on_every_model_and_waits_for_it():
+    """Rule: KV for prompt + max_tokens is reserved on every model before a request starts;
+    the next waits (FIFO) until a finish frees enough. Catches admission without reservation
+    (a routed request could run out of KV on a peer)."""
+    a = core(capacities={"a": (100, 4), "b": (6, 4)})  # b holds 24 tokens; each request needs 20
+    submit(a, "r0", max_tokens=17)
+    submit(a, "r1", max_tokens=17)
+    a.tick(0.0)
+    assert list(a.requests) == ["r0"] and a.role.admission.reserved == {"a": 5, "b": 5}
+    run(a.cancel("r0", 0.1))
+    a.tick(0.1)
+    assert list(a.requests) == ["r1"] and a.role.admission.reserved == {"a": 5, "b": 5}
+    assert a.stats.queue_wait_s == pytest.approx(0.1)
+
+
+def test_admission_stops_at_max_active():
+    """Rule: at most max_active requests are active. Catches an unbounded admission."""
+    a = core(max_active=2)
+    for i in range(3):
+        submit(a, f"r{i}")
+    a.tick(0.0)
+    assert list(a.requests) == ["r0", "r1"] and a.active == 2
+
+
+def test_a_request_larger_than_a_pool_is_refused_at_submit():
+    """Rule: a request that could never be admitted fails at once, naming the model. Catches a
+    request that would wait in the queue forever."""
+    a = core(capacities={"a": (100, 4), "b": (2, 4)}, max_model_len=64)
+    with pytest.raises(RequestError, match="model 'b' holds 8"):
+        submit(a, "r0", max_tokens=10)
+
+
+# --- chunked prefill budget ----------------------------------------------------------------------------
+def test_prefill_rows_share_the_token_budget_and_long_prompts_are_chunked():
+    """Rule: prefill/extend rows share max_prefill_tokens; a row that does not fit whole is chunked,
+    decode rows cost nothing, and only a row whose whole input went in predicts a token. Catches a
+    budget that is ignored, or a chunk routed as if it had predicted a token."""
+    a = core(max_prefill_tokens=8)
+    submit(a, "r0", prompt=[1] * 5)
+    submit(a, "r1", prompt=[2] * 6)
+    submit(a, "r2", prompt=[3] * 20)
+    a.tick(0.0)
+    batch = a.schedule(0.0)
+    assert [(row.seq_id, len(row.new_tokens)) for row in batch.rows] == [("r0", 5), ("r1", 3)]
+    effects = step(a, batch, [7, 7])
+    routed = [e for e in effects if isinstance(e, Routed)][0]
+    assert routed.committed == [1]  # r1 fed a chunk only: nothing sampled for it
+    batch = a.schedule(0.0)
+    assert [(row.seq_id, len(row.new_tokens)) for row in batch.rows] == [("r0", 1), ("r1", 3), ("r2", 5)]
+    assert batch.rows[1].new_tokens == [2, 2, 2]  # the rest of r1's prompt, from where its KV ends
+
+
+def test_first_prefill_row_progresses_even_when_longer_than_the_budget():
+    """Rule: a prompt longer than the budget still advances by one budget per step. Catches a
+    scheduler that never starts a long prompt."""
+    a = core(max_prefill_tokens=4)
+    submit(a, "r0", prompt=list(range(1, 11)))
+    a.tick(0.0)
+    assert [len(r.new_tokens) for r in a.schedule(0.0).rows] == [4]
+
+
+def test_max_batch_size_caps_the_rows():
+    a = core(max_batch_size=2)
+    for i in range(3):
+        submit(a, f"r{i}")
+    a.tick(0.0)
+    assert a.schedule(0.0).rids == ["r0", "r1"]
+
+
+# --- finishing ------------------------------------------------------------------------------------------
+def test_length_finish_after_exactly_max_tokens():
+    """Rule: a request ends after exactly max_tokens output tokens. Catches an off-by-one in
+    the stop rule (max_tokens + 1 tokens)."""
+    a = core()
+    sink = submit(a, "r0", max_tokens=3)
+    a.tick(0.0)
+    for token in (5, 6, 7):
+        step(a, a.schedule(0.0), [token])
+    assert sink.tokens == [5, 6, 7] and sink.origins == [0, 0, 0] and sink.finish == "length"
+    assert a.requests == {} and a.active == 0 and a.schedule(0.0) is None
+
+
+# --- handoff and resume ---------------------------------------------------------------------------------
+def test_handoff_and_resume_bookkeeping_between_two_cores():
+    """Rule: a request routed away is pending (KV kept, skipped by the scheduler); the message
+    carries only the suffix after the receiver's anchor; on its return it resumes as an extend
+    of the returned tokens. Catches a resume that re-feeds the prefix, a wrong anchor, or a
+    dropped/kept sampled token on the wrong side."""
+    policy = Scripted(keep_sampled=False)
+    a, b = core("a", policy=policy), core("b", policy=Scripted(keep_sampled=True))
+    sink = submit(a, "r0", prompt=[1, 2, 3], max_tokens=4)
+    a.tick(0.0)
+    policy.plan[("a", "r0")] = "b"
+    effects = step(a, a.schedule(0.0), [9])  # the entry's token 9 is dropped
+    (handoff,) = sends(effects, "handoff")
+    assert handoff.peer == "b" and handoff.message.tokens == [1, 2, 3] and not handoff.message.keep_sampled
+    assert handoff.message.request is not None and a.requests["r0"].here is False and a.schedule(0.0) is None
+    run(b.on_message(handoff.message, 0.0))
+    batch = b.schedule(0.0)
+    assert batch.rows[0].new_tokens == [1, 2, 3]  # first visit: prefill the whole context
+    progress = step(b, batch, [4])
+    assert [s.message.tokens for s in sends(progress, "progress")] == [[4]]
+    run(a.on_message(sends(progress, "progress")[0].message, 0.0))
+    assert sink.tokens == [4] and sink.origins == [1]  # streamed while the request stays away
+    b.policy.plan[("b", "r0")] = "a"
+    back = sends(step(b, b.schedule(0.0), [5]), "handoff")[0].message
+    assert back.anchor == 4 and back.tokens == [5] and back.keep_sampled  # kept: committed at b
+    run(a.on_message(back, 0.0))
+    assert sink.tokens == [4, 5] and sink.origins == [1, 1]
+    resume = a.schedule(0.0)
+    assert resume.rows[0].new_tokens == [4, 5]  # an extend of what b committed, not a recompute
+    assert a.stats.handoffs_out == 1 and b.stats.handoffs_in == 1
+
+
+def test_a_kept_token_that_ends_the_request_finishes_it_instead_of_handing_off():
+    """Rule: a kept sampled token is committed before the handoff and may end the request.
+    Catches a handoff of a finished request (one token too many)."""
+    policy = Scripted(keep_sampled=True)
+    a = core(policy=policy)
+    sink = submit(a, "r0", max_tokens=1)
+    a.tick(0.0)
+    policy.plan[("a", "r0")] = "b"
+    effects = step(a, a.schedule(0.0), [9])
+    assert sends(effects, "handoff") == [] and sink.tokens == [9] and sink.finish == "length"
+
+
+# --- cancel in every state ------------------------------------------------------------------------------
+def test_cancel_while_queued_answers_the_client_only():
+    a = core(max_active=1)
+    submit(a, "r0")
+    sink = submit(a, "r1")
+    a.tick(0.0)
+    effects = run(a.cancel("r1", 0.0))
+    assert sink.finish == "cancelled" and [type(e) for e in effects] == [Emit] and a.stats.finished["cancelled"] == 1
+
+
+def test_cancel_while_running_releases_everywhere_and_admits_the_next():
+    """Catches a cancel of a running request that is a no-op (it would run to max_tokens)."""
+    a = core(max_active=1)
+    sink = submit(a, "r0", max_tokens=10)
+    submit(a, "r1")
+    a.tick(0.0)
+    step(a, a.schedule(0.0), [5])
+    effects = run(a.cancel("r0", 0.0))
+    assert sink.finish == "cancelled" and sink.tokens == [5]
+    assert Release("r0") in effects and [s.peer for s in sends(effects, "release")] == ["b"]
+    a.tick(0.0)
+    assert list(a.requests) == ["r1"] and a.active == 1
+
+
+def test_cancel_while_away_releases_the_peer_that_holds_it():
+    policy = Scripted()
+    a, b = core("a", policy=policy), core("b")
+    sink = submit(a, "r0", max_tokens=10)
+    a.tick(0.0)
+    policy.plan[("a", "r0")] = "b"
+    run(b.on_message(sends(step(a, a.schedule(0.0), [9]), "handoff")[0].message, 0.0))
+    release = sends(run(a.cancel("r0", 0.0)), "release")[0].message
+    assert sink.finish == "cancelled"
+    assert b.on_message(release, 0.0) == [Release("r0")] and b.requests == {} and b.schedule(0.0) is None
+
+
+def test_cancel_between_schedule_and_step_result_skips_the_row():
+    """Catches a step result applied to a request that already ended (a second finish)."""
+    a = core()
+    sink = submit(a, "r0")
+    submit(a, "r1")
+    a.tick(0.0)
+    batch = a.schedule(0.0)
+    run(a.cancel("r0", 0.0))
+    effects = step(a, batch, [5, 6])
+    assert sink.tokens == [] and sink.finish == "cancelled"
+    assert [e.rid for e in effects if isinstance(e, Emit)] == ["r1"]
+
+
+def test_cancel_after_finish_or_of_an_unknown_request_does_nothing():
+    a = core()
+    submit(a, "r0", max_tokens=1)
+    a.tick(0.0)
+    step(a, a.schedule(0.0), [5])
+    assert a.cancel("r0", 0.0) == [] and a.cancel("nobody", 0.0) == []
+    assert a.stats.finished == {"length": 1}
+
+
+# --- peer messages are total -----------------------------------------------------------------------------
+def test_messages_that_do_not_fit_are_dropped_and_counted_never_raised():
+    """Rule: a malformed or out-of-order peer message is dropped and counted; the core goes on.
+    Catches a loop that dies (or a request state that breaks) on one bad message."""
+    a, b = core("a"), core("b")
+    submit(a, "r0")
+    a.tick(0.0)
+    bad = [
+        (a, PeerMessage(kind="progress", rid="ghost", sender="b", anchor=3, tokens=[1], origins=[1])),
+        (a, PeerMessage(kind="finish", rid="ghost", sender="b", finish_reason="eos")),
+        (a, PeerMessage(kind="progress", rid="r0", sender="b", anchor=3, tokens=[1], origins=[1])),  # held here
+        (a, PeerMessage(kind="release", rid="r0", sender="b")),
+        (a, PeerMessage(kind="handoff", rid="r0", sender="zz", anchor=3, tokens=[1], origins=[1])),
+        (b, PeerMessage(kind="handoff", rid="r9", sender="a", anchor=0, tokens=[1], origins=[-1])),  # no spec
+        (b, PeerMessage(kind="finish", rid="r9", sender="a")),
+        (b, PeerMessage(kind="release", rid="never", sender="a")),
+    ]
+    for target, message in bad:
+        assert target.on_message(message, 0.0) == []
+    hand_to_peer(b, "r1")
+    b.schedule(0.0)
+    step(b, b.schedule(0.0), [4])  # b holds r1 now, context 4
+    assert b.on_message(PeerMessage(kind="handoff", rid="r1", sender="a", anchor=0, tokens=[1, 2, 3], origins=[-1] * 3,
+                                    request=RequestSpec(prompt_len=3, max_tokens=8)), 0.0) == []
+    assert a.stats.dropped_messages == {"unknown request": 2, "progress for a request held here": 1,
+                                        "release sent to the entry": 1, "unknown sender": 1}
+    assert b.stats.dropped_messages == {"unknown request": 1, "finish sent to a peer": 1,
+                                        "release for a request never held": 1, "duplicate first visit": 1}
+    assert list(a.requests) == ["r0"] and a.requests["r0"].here and list(b.requests) == ["r1"]
+
+
+def test_a_handoff_past_the_known_context_ends_that_request_with_an_error():
+    """Rule: a handoff that does not fit a request this model keeps is dropped and the request
+    ends with an error (held by no one, it would hang). Catches a hang or a corrupted context."""
+    policy = Scripted()
+    a = core(policy=policy)
+    sink = submit(a, "r0")
+    a.tick(0.0)
+    policy.plan[("a", "r0")] = "b"
+    step(a, a.schedule(0.0), [9])
+    effects = run(a.on_message(PeerMessage(kind="handoff", rid="r0", sender="b", anchor=7, tokens=[1], origins=[1]), 0.0))
+    assert a.stats.dropped_messages == {"anchor past the known context": 1}
+    assert sink.finish == "error" and "did not fit" in sink.error and Release("r0") in effects
+
+
+def test_late_messages_for_a_released_request_are_ignored_until_the_tombstone_expires():
+    a = core()
+    submit(a, "r0")
+    a.tick(0.0)
+    run(a.cancel("r0", 0.0))
+    late = PeerMessage(kind="progress", rid="r0", sender="b", anchor=3, tokens=[4], origins=[1])
+    assert a.on_message(late, 1.0) == [] and a.stats.dropped_messages == {}
+    a.tick(1000.0)
+    assert "r0" not in a.tombstones
+
+
+# --- policy failures --------------------------------------------------------------------------------------
+def test_a_policy_that_fails_on_one_row_ends_only_that_request():
+    policy = Scripted()
+    a = core(policy=policy)
+    bad, good = submit(a, "r0"), submit(a, "r1")
+    a.tick(0.0)
+    policy.fail_on = {"r0"}
+    step(a, a.schedule(0.0), [5, 6])
+    assert bad.finish == "error" and "scripted failure" in bad.error
+    assert good.tokens == [6] and good.finish is None
+
+
+def test_a_policy_handoff_that_skips_context_is_refused():
+    """Rule: a handoff must cover the context from the peer's anchor to the end (plus the kept
+    token). Catches a policy message that silently loses tokens."""
+
+    class Lossy(Scripted):
+        def send(self, request, peer):
+            message = super().send(request, peer)
+            message.tokens = message.tokens[:-1]
+            return message
+
+    policy = Lossy()
+    a = core(policy=policy)
+    sink = submit(a, "r0")
+    a.tick(0.0)
+    policy.plan[("a", "r0")] = "b"
+    effects = step(a, a.schedule(0.0), [9])
+    assert sends(effects, "handoff") == [] and sink.finish == "error" and "failed to send" in sink.error
+
+
+def test_policies_see_read_only_views():
+    """Catches a policy that changes runtime state behind its back (it must return a Route)."""
+
+    class Meddling(Scripted):
+        def route(self, batch, out):
+            batch[0].token_ids.append(1)
+            return super().route(batch, out)
+
+    a = core(policy=Meddling())
+    sink = submit(a, "r0")
+    a.tick(0.0)
+    step(a, a.schedule(0.0), [5])
+    assert sink.finish == "error" and a.stats.tokens_committed == 0
+
+
+def test_route_decisions_set_state_and_replace_the_sampled_token():
+    class Replacing(Scripted):
+        def route(self, batch, out):
+            return [Route(view.model, state={"n": view.state.get("n", 0) + 1}, token=11) for view in batch]
+
+    a = core(policy=Replacing())
+    sink = submit(a, "r0")
+    a.tick(0.0)
+    step(a, a.schedule(0.0), [5])
+    step(a, a.schedule(0.0), [5])
+    assert sink.tokens == [11, 11] and a.requests["r0"].state == {"n": 2}
+
+
+def test_shutdown_fails_queued_and_running_requests():
+    a = core(max_active=1)
+    running, queued = submit(a, "r0"), submit(a, "r1")
+    a.tick(0.0)
+    run(a.shutdown("the server is shutting down"))
+    assert running.finish == queued.finish == "error" and a.requests == {} and a.active == 0

@@ -1,0 +1,123 @@
+"""The thin loop around the core: a loop that dies anyway is observable and fails its requests.
+
+Uses a real Subserver thread with a small in-test engine (no model weights): the property is
+about the loop, not about decoding.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from tokenrouter.engine.base import StepResult
+from tokenrouter.protocol import RequestSpec
+from tokenrouter.runtime.core import Limits, SubserverCore
+from tokenrouter.runtime.strategies import Strategy
+from tokenrouter.runtime.subserver import Subserver
+from tokenrouter.runtime.transport import InProcessTransport
+
+
+class CountingEngine:
+    """Samples token 1 for every row; holds no KV beyond a set of sequence ids."""
+
+    vocab_size = 8
+
+    def __init__(self) -> None:
+        self.held: set[str] = set()
+
+    def has_sequence(self, rid) -> bool:
+        return rid in self.held
+
+    def add_sequence(self, rid) -> None:
+        self.held.add(rid)
+
+    def release(self, rid) -> bool:
+        had = rid in self.held
+        self.held.discard(rid)
+        return had
+
+    def step(self, rows, *, return_hidden=False, top_logits=0) -> StepResult:
+        n = len(rows)
+        return StepResult(seq_ids=[r.seq_id for r in rows], sampled=torch.ones(n, dtype=torch.long),
+                          logits=torch.zeros(n, self.vocab_size), positions=torch.zeros(n, dtype=torch.long))
+
+
+class Stay:
+    name, needs_hidden, top_logits = "stay", False, 0
+
+    def route(self, batch, out):
+        return [view.model for view in batch]
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.tokens: list[int] = []
+        self.finish = self.error = None
+
+    def on_output(self, tokens, origins, finish_reason=None, error=None) -> None:
+        self.tokens += tokens
+        if finish_reason is not None:
+            self.finish, self.error = finish_reason, error
+            self.done.set()
+
+
+def entry(engine: CountingEngine) -> Subserver:
+    limits = Limits(max_batch_size=4, max_prefill_tokens=64, max_wait_s=0.01, max_model_len=64, max_active=4)
+    core = SubserverCore("a", ["a", "b"], "a", Stay(), limits, capacities={"a": (64, 4), "b": (64, 4)})
+    transport = InProcessTransport()
+    transport.connect("b", lambda message: None)
+    return Subserver(core, engine, transport, Strategy())
+
+
+def test_a_loop_that_dies_is_observable_and_fails_its_requests(monkeypatch):
+    """Catches a loop thread that dies silently: clients would wait forever, and the serving
+    layer could not tell the model is down."""
+    engine = CountingEngine()
+    server = entry(engine)
+    server.start()
+    try:
+        first = Sink()
+        server.submit("r0", [1, 2], RequestSpec(prompt_len=2, max_tokens=3), first)
+        assert first.done.wait(5) and first.finish == "length" and server.alive
+        stuck = Sink()
+        original = server.core.on_step
+
+        def broken(batch, result, now):
+            original(batch, result, now)
+            raise RuntimeError("a bug in the core")
+
+        monkeypatch.setattr(server.core, "on_step", broken)
+        server.submit("r1", [1, 2], RequestSpec(prompt_len=2, max_tokens=50), stuck)
+        assert stuck.done.wait(5), "the request of a dead loop never ended"
+        assert stuck.finish == "error" and "a bug in the core" in stuck.error
+        assert not server.alive and "a bug in the core" in server.failure
+        assert engine.held == set()  # its KV was released
+        late = Sink()
+        with pytest.raises(RuntimeError, match="is down"):
+            server.submit("r2", [1], RequestSpec(prompt_len=1, max_tokens=2), late)
+    finally:
+        server.stop()
+
+
+def test_the_embedded_engine_reports_whether_its_loops_run(tiny_config):
+    from tokenrouter.runtime.api import TokenRoutingEngine
+
+    engine = TokenRoutingEngine.from_config(tiny_config("slm_only"))
+    assert engine.alive
+    engine.shutdown()
+    assert not engine.alive
+
+
+def test_a_stopped_loop_is_not_alive_and_ends_requests_in_flight():
+    engine = CountingEngine()
+    server = entry(engine)
+    assert not server.alive  # not started yet
+    server.start()
+    assert server.alive
+    sink = Sink()
+    server.submit("r0", [1], RequestSpec(prompt_len=1, max_tokens=60), sink)
+    server.stop()
+    assert not server.alive and sink.done.wait(5) and sink.finish in ("error", "length")
