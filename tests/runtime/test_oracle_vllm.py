@@ -10,8 +10,9 @@ import pytest
 from test_oracle_policies import CASES, write_router
 
 from tokenrouter.config import load_config
+from tokenrouter.protocol import RequestSpec
 from tokenrouter.runtime.api import TokenRoutingEngine
-from tokenrouter.runtime.messages import RequestSpec
+from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
 
 MAX_TOKENS = 16
@@ -27,7 +28,8 @@ def run_and_compare(config: dict, engines: dict, references, prompts: list[list[
         end_ids = sorted(engine.engines["slm"].eos_token_ids)
         for prompt, result in zip(prompts, results):
             spec = RequestSpec(prompt_len=len(prompt), max_tokens=MAX_TOKENS, end_ids=end_ids)
-            tokens, origins, reason = reference_generate(references, engine.policy, "slm", prompt, spec,
+            tokens, origins, reason = reference_generate(references, build_policy(engine.config), "slm", prompt,
+                                                         spec,
                                                          max_model_len=engine.max_model_len)
             assert result.token_ids == tokens, f"prompt {prompt}"
             assert result.models == [engine.config.model_names[o] for o in origins]
