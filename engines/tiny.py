@@ -34,7 +34,7 @@ FAMILIES = ("qwen2", "qwen3", "llama")
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Bump when anything below changes what a build produces; ensure_tiny_pair rebuilds on mismatch.
-RECIPE_VERSION = "tiny-v1"
+RECIPE_VERSION = "tiny-v2"
 MARKER = "COMPLETE"
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -44,11 +44,13 @@ CHAT_TEMPLATE = (
 )
 
 # Shapes per size. "large" is about 4.5x the small model's FLOPs per token and 3x its layers.
+# head_dim 32 = hidden_size / num_attention_heads: vLLM's CPU attention refuses head_dim 16, and some
+# of vLLM's model definitions derive head_dim from hidden_size / heads instead of reading it.
 SIZES: dict[str, dict[str, int]] = {
-    "small": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16),
-    "large": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=6, num_attention_heads=8,
-                  num_key_value_heads=2, head_dim=16),
+    "small": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=32),
+    "large": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32),
 }
 _CONFIGS: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
 

@@ -35,7 +35,16 @@ class ModelSpec(_Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
     threads: int | None = Field(None, ge=1, description="intra-op threads for this engine; default: torch's")
-    block_size: int = Field(16, ge=1, le=1024)
+    cpus: list[int] | None = Field(
+        None, description="CPU cores this model's process is pinned to (vllm engine; default: not pinned)"
+    )
+    block_size: int = Field(
+        None, ge=1, le=1024, validate_default=False,
+        description="tokens per KV block; default 32 for vllm (its CPU attention needs a multiple of 32), else 16",
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="vllm on GPU: share of the GPU's memory this engine may take"
+    )
     kv_cache_tokens: int = Field(16384, ge=16, description="KV pool capacity in tokens")
     max_batch_size: int = Field(16, ge=1)
     max_prefill_tokens: int = Field(4096, ge=1, description="prefill/extend tokens per step")
@@ -43,6 +52,13 @@ class ModelSpec(_Strict):
         1, description="delayed batching B: an int, a list indexed by active count N (N=1 first), or auto"
     )
     profile: dict[str, Any] | str | None = Field(None, description="simulated engine: step-latency profile")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("block_size") is None:
+            data = {**data, "block_size": 32 if data.get("engine") == "vllm" else 16}
+        return data
 
     @field_validator("device")
     @classmethod
@@ -65,6 +81,11 @@ class ModelSpec(_Strict):
     def _needs_path(self) -> "ModelSpec":
         if self.engine in ("vllm", "torch", "tensorrt_llm") and not self.path:
             raise ValueError(f"engine '{self.engine}' needs 'path' (an HF directory or a .gguf file)")
+        if self.engine == "vllm" and self.device in ("cpu", "auto") and self.block_size % 32:
+            raise ValueError(f"engine 'vllm' on CPU needs block_size a multiple of 32 (vLLM's CPU attention), "
+                             f"got {self.block_size}")
+        if self.cpus is not None and (not self.cpus or any(c < 0 for c in self.cpus)):
+            raise ValueError(f"cpus must be a non-empty list of core numbers, got {self.cpus}")
         if self.engine == "simulated" and self.profile is None:
             raise ValueError("engine 'simulated' needs 'profile' (a profile name or a dict)")
         return self

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -58,3 +58,26 @@ def transformers_attention(model: PreTrainedModel, implementation: str = "sdpa")
         yield model
     finally:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+
+def eos_token_ids_of(*sources: Any) -> frozenset[int]:
+    """EOS ids from configs (generation config, model config, or None); each may hold an int, a
+    list or nothing."""
+    ids: set[int] = set()
+    for source in sources:
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+def generation_config_of(path: str | Path) -> Any:
+    """The model directory's generation config, or None when it has none."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(path, local_files_only=True)
+    except OSError:
+        return None

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 
 from ..config import ModelSpec
 from .base import SeqId, StepResult, StepRow
-from .loader import load_causal_lm, resolve_device
+from .loader import eos_token_ids_of, load_causal_lm, resolve_device
 from .paged_attention import ATTN_IMPLEMENTATION, LAYOUT_KWARG, PagedKVCache, StepLayout
 from .pooled import PooledEngine, sampled_result
 
@@ -35,7 +35,7 @@ class TorchEngine(PooledEngine):
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self._cache = PagedKVCache(config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
                                    head_dim, self._dtype, self._device)
-        self._eos = _eos_ids(model)
+        self._eos = eos_token_ids_of(getattr(model, "generation_config", None), model.config)
         # torch's intra-op thread count is per OS thread: set it once in each thread that steps us.
         self._thread_state = threading.local()
 
@@ -141,15 +141,3 @@ class TorchEngine(PooledEngine):
         self.release_all()
         self._cache = None
         self.model = None
-
-
-def _eos_ids(model: PreTrainedModel) -> frozenset[int]:
-    """EOS ids from generation_config and config (either may be an int, a list or missing)."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            ids.add(value)
-        elif value:
-            ids.update(int(v) for v in value)
-    return frozenset(ids)

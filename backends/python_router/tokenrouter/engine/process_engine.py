@@ -1,0 +1,207 @@
+"""An engine in a child process of its own, behind the same step contract.
+
+vLLM keeps a process-global forward context and binds its threads process-wide, so two vLLM
+engines in one process corrupt or slow each other. The embedded API (two subservers, one process)
+therefore runs each such engine here: a child started with ``python -m`` (no re-import of the
+caller's main module, so scripts need no ``__main__`` guard), pinned to the spec's ``cpus``,
+talking over a socket pair. Calls are synchronous; the parent mirrors sequence lengths and the
+free-block count so that admission queries cost no round trip.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any, Sequence
+
+from ..config import ModelSpec
+from .base import Engine, SeqId, StepResult, StepRow, UnknownSequence
+
+
+class EngineProcessError(RuntimeError):
+    """The engine process failed to start or died."""
+
+
+class EngineProcess(Engine):
+    def __init__(self, name: str, spec: ModelSpec) -> None:
+        self.name = name
+        parent, child = socket.socketpair()
+        env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "tokenrouter.engine.process_engine", str(child.fileno())],
+            pass_fds=(child.fileno(),), env=env,
+        )
+        child.close()
+        self._conn = Connection(parent.detach())
+        self._lock = threading.Lock()
+        self._lengths: dict[SeqId, int] = {}
+        self._closed = False
+        self._send(("start", name, spec.model_dump()))
+        facts = self._receive()
+        self._facts: dict[str, Any] = facts
+        self._free_blocks: int = facts["num_free_blocks"]
+
+    # --- shape facts, fixed at start --------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._facts["vocab_size"]
+
+    @property
+    def hidden_size(self) -> int:
+        return self._facts["hidden_size"]
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._facts["eos_token_ids"]
+
+    @property
+    def max_model_len(self) -> int:
+        return self._facts["max_model_len"]
+
+    @property
+    def block_size(self) -> int:
+        return self._facts["block_size"]
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self._facts["num_total_blocks"]
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._free_blocks  # changes only through our own step and release calls
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    # --- sequences ----------------------------------------------------------------------------
+    def add_sequence(self, seq_id: SeqId) -> None:
+        self._call("add_sequence", seq_id)
+        self._lengths[seq_id] = 0
+
+    def has_sequence(self, seq_id: SeqId) -> bool:
+        return seq_id in self._lengths
+
+    def num_cached(self, seq_id: SeqId) -> int:
+        if seq_id not in self._lengths:
+            raise UnknownSequence(seq_id)
+        return self._lengths[seq_id]
+
+    def sequence_ids(self) -> list[SeqId]:
+        return list(self._lengths)
+
+    def release(self, seq_id: SeqId) -> bool:
+        if seq_id not in self._lengths:
+            return False
+        del self._lengths[seq_id]
+        return self._call("release", seq_id)
+
+    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
+        try:
+            result = self._call("step", list(rows), return_hidden=return_hidden, top_logits=top_logits)
+        except EngineProcessError:
+            raise
+        except BaseException:
+            # The child releases the rows of a failed forward; mirror what it holds now.
+            self._lengths = {seq: n for seq, n in self._lengths.items() if self._call("has_sequence", seq)}
+            raise
+        for seq_id, position in zip(result.seq_ids, result.positions.tolist()):
+            self._lengths[seq_id] = position
+        return result
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Any other engine method by name, run in the child (tests read vLLM's counters with it)."""
+        return self._call(method, *args)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with self._lock:
+                self._send(("close",))
+            self._process.wait(timeout=30)
+        except (OSError, EOFError, subprocess.TimeoutExpired):
+            self._process.kill()
+            self._process.wait()
+        finally:
+            self._conn.close()
+
+    # --- transport ------------------------------------------------------------------------------
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self._send(("call", method, args, kwargs))
+            return self._receive()
+
+    def _send(self, message: tuple) -> None:
+        if self._closed and message[0] != "close":
+            raise EngineProcessError(f"engine '{self.name}' is closed")
+        try:
+            self._conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError as err:
+            raise EngineProcessError(f"engine '{self.name}': its process is gone ({err})") from None
+
+    def _receive(self) -> Any:
+        try:
+            status, value, free_blocks = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            code = self._process.poll()
+            raise EngineProcessError(f"engine '{self.name}': its process exited (code {code})") from None
+        if free_blocks is not None:
+            self._free_blocks = free_blocks
+        if status == "error":
+            raise value
+        return value
+
+
+def _serve(conn: Connection) -> None:
+    """The child: build the engine, then answer calls until told to close."""
+    from .factory import create_engine
+
+    message = pickle.loads(conn.recv_bytes())
+    engine: Engine | None = None
+    try:
+        _, name, spec = message
+        engine = create_engine(name, ModelSpec(**spec), owns_process=True)
+        facts = {key: getattr(engine, key) for key in (
+            "vocab_size", "hidden_size", "eos_token_ids", "max_model_len", "block_size", "num_total_blocks",
+            "num_free_blocks")}
+        _reply(conn, "ok", facts, None)
+    except BaseException as err:  # noqa: BLE001 - the parent must learn why the start failed
+        _reply(conn, "error", EngineProcessError(f"engine '{message[1]}' failed to start: {err!r}"), None)
+        return
+    while True:
+        try:
+            message = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            break  # the parent is gone
+        if message[0] == "close":
+            break
+        _, method, args, kwargs = message
+        try:
+            value = getattr(engine, method)(*args, **kwargs)
+            _reply(conn, "ok", value, engine.num_free_blocks)
+        except Exception as err:  # noqa: BLE001 - per-call errors go back to the caller
+            _reply(conn, "error", err, engine.num_free_blocks)
+    engine.close()
+
+
+def _reply(conn: Connection, status: str, value: Any, free_blocks: int | None) -> None:
+    try:
+        payload = pickle.dumps((status, value, free_blocks), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:  # noqa: BLE001 - an exception type that does not pickle
+        payload = pickle.dumps(("error", RuntimeError(repr(value) if status == "error" else repr(err)), free_blocks))
+    conn.send_bytes(payload)
+
+
+if __name__ == "__main__":
+    # Run the imported module's _serve, not this __main__ copy's: exceptions sent back must
+    # pickle as tokenrouter.engine.process_engine classes.
+    from tokenrouter.engine import process_engine
+
+    process_engine._serve(Connection(int(sys.argv[1])))

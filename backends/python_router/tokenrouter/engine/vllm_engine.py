@@ -1,0 +1,251 @@
+"""vLLM as a step engine: each sequence is a resumable (streaming-input) vLLM request.
+
+The subserver decides which rows run in a step; vLLM only ever sees those rows. Every row of a
+step is added to vLLM's scheduler as the next input chunk of its request, with ``max_tokens=1``:
+vLLM computes the chunk (prefill, decode and extend alike), samples one token and parks the
+request in ``WAITING_FOR_STREAMING_REQ``, a state its scheduler never runs, with its KV blocks
+kept. A parked request is exactly TokenRouter's *pending*: resuming it costs only the new
+chunk's tokens. vLLM drops the token it sampled (it has no KV yet), so the next chunk carries the
+token that was actually committed: ours, or the one another model produced.
+
+Sampling is ours, not vLLM's: the model's ``compute_logits`` is wrapped to capture each sampled
+row's final hidden state and full-vocabulary logits, and the shared reproducible sampler turns
+them into tokens. So greedy and seeded sampling give the same tokens as the PyTorch engine, every
+policy gets the signals it asks for (logits, top-k, hidden states), and vLLM's own sampler only
+runs a cheap greedy argmax that is ignored.
+
+vLLM 0.32's in-process engine core is an internal API: this module is the only place that
+touches it (pinned in requirements.txt). It must be the only vLLM engine in its process: vLLM
+keeps a process-global forward context and thread binding (``factory.create_engine`` runs it in
+a process of its own unless the caller owns a whole process, as a Triton stub does).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Sequence
+
+import torch
+
+from ..config import ModelSpec
+from .base import Engine, KVCacheExhausted, SeqId, StepResult, StepRow, UnknownSequence
+from .loader import eos_token_ids_of, generation_config_of
+from .pooled import check_rows, sampled_result
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class VLLMEngine(Engine):
+    """One model on vLLM's engine core, stepped synchronously in this process."""
+
+    def __init__(self, name: str, llm_engine: Any, *, eos_token_ids: frozenset[int]) -> None:
+        self.name = name
+        self._llm = llm_engine
+        self._core = llm_engine.engine_core.engine_core  # EngineCore, in-process (uniprocess executor)
+        self._scheduler = self._core.scheduler
+        self._runner = self._core.model_executor.driver_worker.worker.model_runner
+        self._model_config = llm_engine.model_config
+        self._eos = eos_token_ids
+        self._lengths: dict[SeqId, int] = {}  # tokens of each sequence whose KV vLLM holds
+        self._request_ids: dict[SeqId, str] = {}
+        self._next_id = 0
+        self._capture: dict[str, Any] | None = None
+        self._wrap_compute_logits()
+
+    @classmethod
+    def from_spec(cls, name: str, spec: ModelSpec) -> "VLLMEngine":
+        if spec.path is None:
+            raise ValueError(f"model '{name}': the vllm engine needs a path (an HF model directory)")
+        # Before vLLM is imported: engine core in this process, no multiprocessing of its own.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if spec.threads:
+            os.environ["OMP_NUM_THREADS"] = str(spec.threads)  # vLLM keeps torch at 1 thread otherwise
+            torch.set_num_threads(spec.threads)
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        hf_config = _hf_config(spec.path)
+        if spec.device.startswith("cpu") or (spec.device == "auto" and not torch.cuda.is_available()):
+            # vLLM's CPU backend sizes its KV pool from this variable (GiB); the exact block count
+            # is set below, this only has to be large enough to hold it.
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(
+                kv_bytes_per_token(hf_config, spec.dtype) * (spec.kv_cache_tokens + spec.block_size) / 2**30)))
+        args = EngineArgs(
+            model=spec.path,
+            dtype=spec.dtype,
+            max_model_len=hf_config.max_position_embeddings,
+            block_size=spec.block_size,
+            # +1: vLLM reserves one null block; the rest is exactly the spec's pool, so admission
+            # control (which computes capacities from specs) and the engine agree.
+            num_gpu_blocks_override=spec.kv_cache_tokens // spec.block_size + 1,
+            max_num_seqs=spec.max_batch_size,
+            # A step never exceeds the subserver's prefill budget plus one token per decode row:
+            # vLLM must schedule every row whole, never split a chunk across steps.
+            max_num_batched_tokens=spec.max_prefill_tokens + spec.max_batch_size,
+            enable_prefix_caching=False,  # sessions keep their own KV; no shared blocks to account
+            enforce_eager=spec.device.startswith("cpu"),
+            skip_tokenizer_init=True,  # token ids in, token ids out
+            max_logprobs=0,
+            distributed_executor_backend="uni",
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            seed=0,
+        )
+        llm_engine = LLMEngine.from_engine_args(args)
+        return cls(name, llm_engine, eos_token_ids=eos_token_ids_of(generation_config_of(spec.path), hf_config))
+
+    # --- shape facts ----------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._model_config.get_vocab_size()
+
+    @property
+    def hidden_size(self) -> int:
+        return self._model_config.get_hidden_size()
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos
+
+    @property
+    def max_model_len(self) -> int:
+        return self._model_config.max_model_len
+
+    # --- KV pool (vLLM's) -------------------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return self._scheduler.block_size
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self._block_pool.num_gpu_blocks - 1  # less the null block
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._block_pool.get_num_free_blocks()
+
+    @property
+    def _block_pool(self) -> Any:
+        return self._scheduler.kv_cache_manager.block_pool
+
+    # --- sequences ----------------------------------------------------------------------------
+    def add_sequence(self, seq_id: SeqId) -> None:
+        if seq_id in self._lengths:
+            raise ValueError(f"sequence {seq_id!r} is already held")
+        self._lengths[seq_id] = 0
+        # vLLM ids are ours, unique per engine lifetime: a released id never aliases a new sequence.
+        self._request_ids[seq_id] = f"{self.name}-{self._next_id}"
+        self._next_id += 1
+
+    def has_sequence(self, seq_id: SeqId) -> bool:
+        return seq_id in self._lengths
+
+    def num_cached(self, seq_id: SeqId) -> int:
+        if seq_id not in self._lengths:
+            raise UnknownSequence(seq_id)
+        return self._lengths[seq_id]
+
+    def sequence_ids(self) -> list[SeqId]:
+        return list(self._lengths)
+
+    def release(self, seq_id: SeqId) -> bool:
+        if seq_id not in self._lengths:
+            return False
+        del self._lengths[seq_id]
+        self._core.abort_requests([self._request_ids.pop(seq_id)])
+        return True
+
+    def computed_tokens(self, seq_id: SeqId) -> int:
+        """Tokens vLLM itself says it has computed for the sequence (tests check resumes with it)."""
+        request = self._scheduler.requests.get(self._request_ids[seq_id])
+        return 0 if request is None else request.num_computed_tokens
+
+    # --- the step -------------------------------------------------------------------------------
+    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
+        tokens = check_rows(rows, top_logits=top_logits, vocab_size=self.vocab_size,
+                            max_model_len=self.max_model_len, cached_length=self.num_cached)
+        self._check_capacity(rows, tokens)
+        for row, new in zip(rows, tokens):
+            self._add_chunk(self._request_ids[row.seq_id], list(new))
+        self._capture = {"hidden": return_hidden}
+        try:
+            self._core.step()
+            logits, hidden = self._captured_rows(rows)
+        except BaseException:
+            # The chunks may be half-computed inside vLLM: those sequences cannot be trusted.
+            for row in rows:
+                self.release(row.seq_id)
+            raise
+        finally:
+            self._capture = None
+        positions = []
+        for row, new in zip(rows, tokens):
+            self._lengths[row.seq_id] += len(new)
+            positions.append(self._lengths[row.seq_id])
+        return sampled_result(rows, logits, positions, top_logits, hidden)
+
+    def _check_capacity(self, rows: Sequence[StepRow], tokens: list[tuple[int, ...]]) -> None:
+        """The contract: raise before anything changes when the pool cannot hold the step."""
+        need = sum(self.blocks_for(self._lengths[row.seq_id] + len(new)) - self.blocks_for(self._lengths[row.seq_id])
+                   for row, new in zip(rows, tokens))
+        if need > self.num_free_blocks:
+            raise KVCacheExhausted(f"engine '{self.name}': step needs {need} new blocks, {self.num_free_blocks} free")
+
+    def _add_chunk(self, request_id: str, tokens: list[int]) -> None:
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
+        request = self._llm.input_processor.process_inputs(
+            request_id, TokensPrompt(prompt_token_ids=tokens), params, supported_tasks=("generate",), resumable=True)
+        core_request, wave = self._core.preprocess_add_request(request)
+        self._core.add_request(core_request, wave)
+
+    def _captured_rows(self, rows: Sequence[StepRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (and hidden states) of the step's rows, in the order the rows were given."""
+        capture = self._capture
+        if not capture or "logits" not in capture:
+            raise RuntimeError(f"engine '{self.name}': vLLM ran no forward pass for the step")
+        order = {request_id: i for i, request_id in enumerate(capture["request_ids"])}
+        try:
+            index = torch.tensor([order[self._request_ids[row.seq_id]] for row in rows])
+        except KeyError as missing:
+            raise RuntimeError(f"engine '{self.name}': vLLM did not run request {missing} in the step") from None
+        logits = capture["logits"][index].float()
+        hidden = capture["hidden_states"][index] if capture.get("hidden_states") is not None else None
+        return logits, hidden
+
+    def _wrap_compute_logits(self) -> None:
+        """Capture compute_logits' input (final-norm hidden states of the sampled positions, rows
+        in the model runner's batch order) and output (full-vocabulary logits)."""
+        model = self._runner.get_model()
+        compute_logits = model.compute_logits
+        runner = self._runner
+
+        def capturing_compute_logits(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            logits = compute_logits(hidden_states, *args, **kwargs)
+            capture = self._capture
+            if capture is not None:
+                capture["request_ids"] = list(runner.input_batch.req_ids)[:logits.shape[0]]
+                # vLLM's sampler may work on these tensors in place: keep our own copies.
+                capture["logits"] = logits.detach().clone()
+                capture["hidden_states"] = hidden_states.detach().clone() if capture["hidden"] else None
+            return logits
+
+        model.compute_logits = capturing_compute_logits
+
+    def close(self) -> None:
+        for seq_id in list(self._lengths):
+            self.release(seq_id)
+        self._core.shutdown()
+
+
+def _hf_config(path: str) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, local_files_only=True)
+
+
+def kv_bytes_per_token(hf_config: Any, dtype: str) -> int:
+    """Keys + values of every layer for one token."""
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    return 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim * _DTYPE_BYTES[dtype]
