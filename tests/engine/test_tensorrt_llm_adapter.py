@@ -205,6 +205,13 @@ def test_span_sampling_arguments(sampling: SamplingParams, expected: dict) -> No
     FakeSamplingParams(**arguments)  # every keyword exists in TensorRT-LLM's SamplingParams
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda:1"])
+def test_devices_the_llm_api_cannot_honour_are_refused(fake_tensorrt_llm, tiny_pair, device: str) -> None:
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
+        create_engine("m", _spec(tiny_pair["small"], device=device))
+    assert FakeLLM.instances == []
+
+
 def test_without_tensorrt_llm_the_error_names_the_image(tiny_pair, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
     with pytest.raises(TensorRTLLMUnavailable, match="trtllm-python-py3"):

@@ -176,8 +176,10 @@ class TensorRTLLMEngine(PooledEngine):
         from tensorrt_llm.llmapi import KvCacheConfig
         from transformers import AutoConfig
 
-        if not (spec.device.startswith("cuda") or spec.device == "auto"):
-            raise ValueError(f"model '{name}': engine 'tensorrt_llm' runs on a GPU; device must be cuda, cuda:N or auto")
+        if spec.device not in ("cuda", "cuda:0", "auto"):
+            # the LLM API places its worker on the first visible GPU; it takes no device index
+            raise ValueError(f"model '{name}': engine 'tensorrt_llm' runs on the first visible GPU; set device: cuda "
+                             f"and choose the GPU with CUDA_VISIBLE_DEVICES (got device: {spec.device})")
         hf_config = AutoConfig.from_pretrained(spec.path, local_files_only=True)
         llm = module.LLM(**llm_arguments(spec, KvCacheConfig(**kv_cache_arguments(spec))))
         return cls(name, llm, module.SamplingParams, num_blocks=max(1, spec.kv_cache_tokens // spec.block_size),
