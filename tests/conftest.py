@@ -26,3 +26,23 @@ def tiny_pair() -> dict[str, Path]:
 def tiny_pair_family(request: pytest.FixtureRequest) -> tuple[str, dict[str, Path]]:
     """Each supported family's tiny pair in turn: (family, paths)."""
     return request.param, ensure_tiny_pair(request.param, 0)
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_engines(tiny_pair: dict[Path, Path]):
+    """The default tiny pair on the vLLM engine, one process per model (started together, ~30 s),
+    shared by the whole session: tests release what they add. {"small": engine, "large": engine}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tokenrouter.config import ModelSpec
+    from tokenrouter.engine.factory import create_engine
+
+    def start(size: str):
+        spec = ModelSpec(path=str(tiny_pair[size]), engine="vllm", kv_cache_tokens=8192, threads=1)
+        return create_engine(size, spec)
+
+    with ThreadPoolExecutor(2) as pool:
+        engines = dict(zip(("small", "large"), pool.map(start, ("small", "large"))))
+    yield engines
+    for engine in engines.values():
+        engine.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import importlib.util
 import os
 import shutil
 import signal
@@ -54,18 +55,20 @@ def find_triton() -> TritonInstall:
     if system:
         home = Path(system).resolve().parents[1]
         return TritonInstall(binary=Path(system), backends=home / "backends")
-    try:
-        import pytriton  # the wheel nvidia-pytriton; only its files are used, not its API
-    except ImportError:
+    # The wheel nvidia-pytriton: only its files are used, not its API, and it is installed without
+    # its dependencies (tools/install.sh), so locate the package without importing it.
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
         raise TritonError(
-            "no tritonserver found: install Triton (the NGC image has it) or `pip install nvidia-pytriton==0.7.0`"
-        ) from None
-    home = Path(pytriton.__file__).resolve().parent / "tritonserver"
+            "no tritonserver found: install Triton (the NGC image has it) or `pip install --no-deps nvidia-pytriton==0.7.0`"
+        )
+    package = Path(list(spec.submodule_search_locations)[0]).resolve()
+    home = package / "tritonserver"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
         raise TritonError(f"the nvidia-pytriton wheel has no Python backend stub for Python {version}")
-    libs = Path(pytriton.__file__).resolve().parents[1] / "nvidia_pytriton.libs"
+    libs = package.parent / "nvidia_pytriton.libs"
     return TritonInstall(binary=home / "bin" / "tritonserver", backends=home / "backends", lib_dirs=(libs,), stub=stub)
 
 

@@ -28,7 +28,9 @@ def _with(**changes):
 @pytest.mark.parametrize("changes,field,allowed", [
     ({"models__llm__dtype": "fp8"}, "models.llm.dtype", "float32"),
     ({"models__llm__device": "tpu"}, "models.llm.device", "cuda:N"),
-    ({"models__slm__engine": "vllm"}, "models.slm.engine", "simulated"),
+    ({"models__slm__engine": "sglang"}, "models.slm.engine", "vllm"),
+    ({"models__slm__engine": "vllm", "models__slm__path": "m", "models__slm__block_size": 16}, "models.slm",
+     "multiple of 32"),
     ({"models__slm__block_size": 0}, "models.slm.block_size", "greater than or equal to 1"),
     ({"models__slm__batch_threshold": 0}, "models.slm.batch_threshold", ">= 1"),
     ({"scheduling__strategy": "fastest"}, "scheduling.strategy", "tokenrouter"),

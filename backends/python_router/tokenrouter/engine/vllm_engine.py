@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import time
 from typing import Any, Sequence
 
 import torch
@@ -51,7 +53,15 @@ class VLLMEngine(Engine):
         self._request_ids: dict[SeqId, str] = {}
         self._next_id = 0
         self._capture: dict[str, Any] | None = None
+        self._chunk_params: Any = None  # vLLM's processed SamplingParams of a one-token chunk
+        self._scheduled: dict[str, int] = {}
+        self.last_step_tokens: dict[SeqId, int] = {}  # tokens vLLM computed per row in the last step
         self._wrap_compute_logits()
+        self._wrap_schedule()
+        # Intra-op threads are per OS thread, and vLLM's CPU attention checks that the stepping
+        # thread uses the count its metadata was planned with (the count set up at start here).
+        self._threads = torch.get_num_threads()
+        self._thread_state = threading.local()
 
     @classmethod
     def from_spec(cls, name: str, spec: ModelSpec) -> "VLLMEngine":
@@ -74,7 +84,8 @@ class VLLMEngine(Engine):
         args = EngineArgs(
             model=spec.path,
             dtype=spec.dtype,
-            max_model_len=hf_config.max_position_embeddings,
+            # vLLM refuses a pool that cannot hold one request of max_model_len.
+            max_model_len=min(hf_config.max_position_embeddings, spec.kv_cache_tokens),
             block_size=spec.block_size,
             # +1: vLLM reserves one null block; the rest is exactly the spec's pool, so admission
             # control (which computes capacities from specs) and the engine agree.
@@ -160,16 +171,22 @@ class VLLMEngine(Engine):
         request = self._scheduler.requests.get(self._request_ids[seq_id])
         return 0 if request is None else request.num_computed_tokens
 
+    def block_ids(self, seq_id: SeqId) -> list[int]:
+        """The KV block ids vLLM holds for the sequence, in context order (tests check reuse with it)."""
+        return list(self._scheduler.kv_cache_manager.get_block_ids(self._request_ids[seq_id])[0])
+
     # --- the step -------------------------------------------------------------------------------
     def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
         tokens = check_rows(rows, top_logits=top_logits, vocab_size=self.vocab_size,
                             max_model_len=self.max_model_len, cached_length=self.num_cached)
         self._check_capacity(rows, tokens)
+        self._match_threads()
         for row, new in zip(rows, tokens):
-            self._add_chunk(self._request_ids[row.seq_id], list(new))
+            self._add_chunk(self._request_ids[row.seq_id], list(new), first=self._lengths[row.seq_id] == 0)
         self._capture = {"hidden": return_hidden}
         try:
             self._core.step()
+            self._check_scheduled(rows, tokens)
             logits, hidden = self._captured_rows(rows)
         except BaseException:
             # The chunks may be half-computed inside vLLM: those sequences cannot be trusted.
@@ -184,6 +201,12 @@ class VLLMEngine(Engine):
             positions.append(self._lengths[row.seq_id])
         return sampled_result(rows, logits, positions, top_logits, hidden)
 
+    def _match_threads(self) -> None:
+        if not getattr(self._thread_state, "done", False):
+            # vLLM's CPU worker turns torch.set_num_threads into a no-op; call the setter beneath it.
+            torch._C.set_num_threads(self._threads)
+            self._thread_state.done = True
+
     def _check_capacity(self, rows: Sequence[StepRow], tokens: list[tuple[int, ...]]) -> None:
         """The contract: raise before anything changes when the pool cannot hold the step."""
         need = sum(self.blocks_for(self._lengths[row.seq_id] + len(new)) - self.blocks_for(self._lengths[row.seq_id])
@@ -191,14 +214,35 @@ class VLLMEngine(Engine):
         if need > self.num_free_blocks:
             raise KVCacheExhausted(f"engine '{self.name}': step needs {need} new blocks, {self.num_free_blocks} free")
 
-    def _add_chunk(self, request_id: str, tokens: list[int]) -> None:
-        from vllm import SamplingParams, TokensPrompt
+    def _add_chunk(self, request_id: str, tokens: list[int], first: bool) -> None:
+        """Queue ``tokens`` as the request's next input chunk. A first chunk goes through vLLM's
+        input processor (validation, parameter setup); later chunks, decodes mostly, reuse its
+        processed sampling parameters directly (the processor deep-copies them on every call)."""
+        if first or self._chunk_params is None:
+            from vllm import SamplingParams, TokensPrompt
 
-        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
-        request = self._llm.input_processor.process_inputs(
-            request_id, TokensPrompt(prompt_token_ids=tokens), params, supported_tasks=("generate",), resumable=True)
+            params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
+            request = self._llm.input_processor.process_inputs(
+                request_id, TokensPrompt(prompt_token_ids=tokens), params, supported_tasks=("generate",),
+                resumable=True)
+            self._chunk_params = request.sampling_params
+        else:
+            from vllm.v1.engine import EngineCoreRequest
+
+            request = EngineCoreRequest(
+                request_id=request_id, prompt_token_ids=tokens, mm_features=None,
+                sampling_params=self._chunk_params, pooling_params=None, arrival_time=time.time(),
+                lora_request=None, cache_salt=None, data_parallel_rank=None, resumable=True)
         core_request, wave = self._core.preprocess_add_request(request)
         self._core.add_request(core_request, wave)
+
+    def _check_scheduled(self, rows: Sequence[StepRow], tokens: list[tuple[int, ...]]) -> None:
+        """Every row's whole chunk ran in this step (a split chunk would sample a wrong position)."""
+        self.last_step_tokens = {row.seq_id: self._scheduled.get(self._request_ids[row.seq_id], 0) for row in rows}
+        for row, new in zip(rows, tokens):
+            if self.last_step_tokens[row.seq_id] != len(new):
+                raise RuntimeError(f"engine '{self.name}': vLLM scheduled {self.last_step_tokens[row.seq_id]} of "
+                                   f"{len(new)} tokens of {row.seq_id!r} (max_num_batched_tokens too small?)")
 
     def _captured_rows(self, rows: Sequence[StepRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (and hidden states) of the step's rows, in the order the rows were given."""
@@ -213,6 +257,17 @@ class VLLMEngine(Engine):
         logits = capture["logits"][index].float()
         hidden = capture["hidden_states"][index] if capture.get("hidden_states") is not None else None
         return logits, hidden
+
+    def _wrap_schedule(self) -> None:
+        """Record how many tokens vLLM schedules per request in each step."""
+        schedule = self._scheduler.schedule
+
+        def recording_schedule(*args: Any, **kwargs: Any) -> Any:
+            output = schedule(*args, **kwargs)
+            self._scheduled = dict(output.num_scheduled_tokens)
+            return output
+
+        self._scheduler.schedule = recording_schedule
 
     def _wrap_compute_logits(self) -> None:
         """Capture compute_logits' input (final-norm hidden states of the sampled positions, rows
@@ -232,6 +287,29 @@ class VLLMEngine(Engine):
             return logits
 
         model.compute_logits = capturing_compute_logits
+
+    def generate_natively(self, prompts: Sequence[Sequence[int]], max_tokens: int, *,
+                          stop_token_ids: Sequence[int] = ()) -> tuple[list[list[int]], int]:
+        """vLLM's own continuous-batching loop (what ``LLM.generate`` runs) on this engine's weights,
+        greedy: the ceiling the step adapter is measured against, and the large-model-alone
+        baseline. Stops at ``stop_token_ids`` (kept in the output, as our runtime keeps an eos) or
+        after ``max_tokens``. Held sequences stay parked meanwhile. Returns (tokens per prompt, steps)."""
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False, ignore_eos=True,
+                                stop_token_ids=list(stop_token_ids))
+        ids = [f"{self.name}-native-{self._next_id + i}" for i in range(len(prompts))]
+        self._next_id += len(prompts)
+        for request_id, prompt in zip(ids, prompts):
+            self._llm.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
+        outputs: dict[str, list[int]] = {}
+        steps = 0
+        while len(outputs) < len(ids):
+            for output in self._llm.step():
+                if output.finished:
+                    outputs[output.request_id] = list(output.outputs[0].token_ids)
+            steps += 1
+        return [outputs[request_id] for request_id in ids], steps
 
     def close(self) -> None:
         for seq_id in list(self._lengths):

@@ -83,7 +83,7 @@ class SubserverRole:
         if self.name not in config.models:
             raise ValueError(f"model '{self.name}' is not in the router's model list {config.model_names}")
         self._batch_dim = model_config.get("max_batch_size", 0) > 0
-        engine = create_engine(self.name, config.models[self.name])
+        engine = create_engine(self.name, config.models[self.name], owns_process=True)  # one stub, one model
         max_model_len = effective_max_model_len(config, [engine.max_model_len])
         capacities = {name: kv_capacity(spec) for name, spec in config.models.items()}
         self._transport = BlsTransport(pb_utils, batch_dim=self._batch_dim, on_failure=self._on_transport_failure,

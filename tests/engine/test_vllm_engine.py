@@ -1,0 +1,170 @@
+"""The vLLM engine against the engine contract and its oracles.
+
+- greedy tokens and logits equal transformers ``generate`` (the same scenario as the torch engine:
+  mixed prefills, requests away for steps, a late arrival, extends with foreign tokens), on every
+  tiny family;
+- a pending sequence keeps its very blocks while others run, and resuming it makes vLLM compute
+  only the new tokens (vLLM's own scheduled and computed token counts, not time);
+- KV blocks balance to zero after finish, cancel (release mid-run) and failed steps;
+- exhaustion and bad steps raise before anything changes; sampling follows the returned logits.
+
+The qwen3 engines are shared by the session (see tests/conftest.py): each test releases what it adds.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from oracle_scenario import assert_matches_reference, random_prompts, scenario
+
+from tokenrouter.config import ModelSpec
+from tokenrouter.engine.base import KVCacheExhausted, SamplingParams, StepRow, UnknownSequence
+from tokenrouter.engine.factory import create_engine
+from tokenrouter.engine.sampling import sample_tokens
+
+
+@pytest.fixture(params=["small", "large"])
+def engine(request, vllm_tiny_engines):
+    engine = vllm_tiny_engines[request.param]
+    assert engine.sequence_ids() == [], "a previous test leaked sequences"
+    yield engine
+    for seq_id in engine.sequence_ids():
+        engine.release(seq_id)
+    assert engine.num_free_blocks == engine.num_total_blocks
+
+
+def test_greedy_equals_generate(engine, tiny_pair, hf_model, reference):
+    size = "small" if engine.name == "small" else "large"
+    requests = scenario(engine, random_prompts(seed=7, vocab=engine.vocab_size))
+    assert_matches_reference(requests, hf_model(tiny_pair[size]), reference, atol=1e-3, label=f"vllm {size}")
+
+
+def test_other_families_greedy_equal_generate(tiny_pair_factory, hf_model, reference):
+    """Each family's vLLM model definition and weight mapping, not only qwen3's."""
+    families = ("qwen2", "llama")
+    paths = {family: tiny_pair_factory(family, 0)["small"] for family in families}
+
+    def start(family: str):
+        return create_engine(family, ModelSpec(path=str(paths[family]), engine="vllm", kv_cache_tokens=2048,
+                                               threads=1))
+
+    with ThreadPoolExecutor(len(families)) as pool:
+        engines = dict(zip(families, pool.map(start, families)))
+    try:
+        for family, engine in engines.items():
+            requests = scenario(engine, random_prompts(seed=11, vocab=engine.vocab_size))
+            assert_matches_reference(requests, hf_model(paths[family]), reference, atol=1e-3, label=family)
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
+def test_shape_facts_follow_the_spec(vllm_tiny_engines, tiny_pair):
+    small = vllm_tiny_engines["small"]
+    assert (small.vocab_size, small.hidden_size, small.block_size) == (4096, 64, 32)
+    assert small.num_total_blocks == 8192 // 32  # exactly the spec's pool: admission and engine agree
+    assert small.eos_token_ids == frozenset({0, 2})
+
+
+def test_pending_keeps_its_blocks_and_resume_computes_only_new_tokens(vllm_tiny_engines):
+    engine = vllm_tiny_engines["small"]
+    engine.add_sequence("away")
+    engine.step([StepRow("away", list(range(3, 83)))])  # 80-token prefill, then it goes pending
+    blocks = engine.call("block_ids", "away")
+    assert engine.call("computed_tokens", "away") == 80 and len(blocks) == 3
+    # Others come and go, allocating and freeing blocks, for many steps.
+    for wave in range(3):
+        ids = [f"busy{wave}-{i}" for i in range(4)]
+        for seq_id in ids:
+            engine.add_sequence(seq_id)
+        engine.step([StepRow(seq_id, list(range(100 + wave, 160 + wave))) for seq_id in ids])
+        for token in range(5):
+            engine.step([StepRow(seq_id, [token + 7]) for seq_id in ids])
+        for seq_id in ids:
+            assert set(engine.call("block_ids", seq_id)).isdisjoint(blocks), "a pending request's block was reused"
+            engine.release(seq_id)
+        assert engine.call("block_ids", "away") == blocks
+        assert engine.call("computed_tokens", "away") == 80
+    for k in (1, 3, 4):
+        before = engine.num_cached("away")
+        engine.step([StepRow("away", [9] * k)])
+        assert engine.call("last_step_tokens") == {"away": k}, "resume recomputed more than its new tokens"
+        assert engine.call("computed_tokens", "away") == before + k
+    engine.release("away")
+
+
+def test_blocks_balance_after_finish_cancel_and_failed_steps(vllm_tiny_engines):
+    engine = vllm_tiny_engines["large"]
+    for seq_id in "abcd":
+        engine.add_sequence(seq_id)
+    engine.step([StepRow(s, list(range(5, 5 + 20 * (i + 1)))) for i, s in enumerate("abcd")])
+    engine.step([StepRow(s, [11]) for s in "abcd"])
+    assert engine.release("b")  # cancelled mid-run
+    with pytest.raises(ValueError):  # token out of the vocabulary: refused before anything runs
+        engine.step([StepRow("a", [7]), StepRow("c", [engine.vocab_size])])
+    engine.step([StepRow("a", [7]), StepRow("c", [8])])  # both still whole after the refused step
+    assert engine.num_cached("a") == 22 and engine.num_cached("c") == 62
+    for seq_id in "acd":  # finished
+        engine.release(seq_id)
+    assert engine.num_free_blocks == engine.num_total_blocks
+
+
+def test_exhaustion_is_reported_and_changes_nothing(tiny_pair):
+    engine = create_engine("tight", ModelSpec(path=str(tiny_pair["small"]), engine="vllm", kv_cache_tokens=128,
+                                              threads=1))
+    try:
+        assert engine.num_total_blocks == 4
+        engine.add_sequence("a")
+        engine.add_sequence("b")
+        engine.step([StepRow("a", list(range(3, 70)))])  # 3 blocks
+        with pytest.raises(KVCacheExhausted):
+            engine.step([StepRow("a", [5]), StepRow("b", list(range(3, 40)))])  # b needs 2, 1 free
+        assert engine.num_cached("a") == 67 and engine.num_cached("b") == 0 and engine.num_free_blocks == 1
+        result = engine.step([StepRow("a", [5])])  # a is untouched and goes on
+        assert result.positions.tolist() == [68]
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("rows,error", [
+    ([], ValueError),
+    ([StepRow("ghost", [1])], UnknownSequence),
+    ([StepRow("a", [])], ValueError),
+    ([StepRow("a", [1]), StepRow("a", [2])], ValueError),
+    ([StepRow("a", [-1])], ValueError),
+])
+def test_bad_steps_raise_and_change_nothing(vllm_tiny_engines, rows, error):
+    engine = vllm_tiny_engines["small"]
+    engine.add_sequence("a")
+    engine.step([StepRow("a", [3, 4, 5])])
+    used = engine.num_total_blocks - engine.num_free_blocks
+    with pytest.raises(error):
+        engine.step(rows)
+    assert engine.num_cached("a") == 3 and engine.num_total_blocks - engine.num_free_blocks == used
+    assert engine.step([StepRow("a", [6])]).positions.tolist() == [4]
+    engine.release("a")
+
+
+def test_signals_and_sampling_follow_the_returned_logits(vllm_tiny_engines, tiny_pair, make_engine):
+    """Top-k are the logits' top-k, hidden states are the final-norm states the torch engine
+    gives, and sampled tokens are our reproducible sampler's on the returned logits."""
+    engine = vllm_tiny_engines["small"]
+    oracle = make_engine(tiny_pair["small"], block_size=4)
+    sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=3)
+    rows = [StepRow("a", list(range(3, 30)), sampling), StepRow("b", [7, 8, 9])]
+    for target in (engine, oracle):
+        target.add_sequence("a")
+        target.add_sequence("b")
+    ours = engine.step(rows, return_hidden=True, top_logits=8)
+    theirs = oracle.step(rows, return_hidden=True)
+    torch.testing.assert_close(ours.hidden, theirs.hidden, atol=1e-3, rtol=1e-4)
+    top = torch.topk(ours.logits, 8, dim=-1)
+    torch.testing.assert_close(ours.topk_values, top.values)
+    assert torch.equal(ours.topk_indices, top.indices)
+    expected = sample_tokens(ours.logits, [row.sampling for row in rows], ours.positions.tolist())
+    assert torch.equal(ours.sampled, expected)
+    assert ours.sampled[1] == int(ours.logits[1].argmax())  # the greedy row
+    engine.release("a")
+    engine.release("b")

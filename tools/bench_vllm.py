@@ -1,0 +1,236 @@
+"""vLLM benchmarks (issue 10), side by side in one run, medians of interleaved reps.
+
+``engines``: per model, our vLLM step engine (the adapter, in-process as in a Triton stub) vs vLLM's
+own continuous-batching loop on the very same engine object (the ceiling: what ``LLM.generate``
+runs) vs our PyTorch engine, greedy, at batch 1 / 8 / 16 with mixed prompt lengths; then the
+resume cost of a pending request (extend k = 1..4) against a decode step. Each model is measured
+in a worker process of its own, so the 1.5B never shares memory with the 0.5B.
+
+``routing``: the number a user decides by. TokenRouter on vLLM (both models, one process each,
+pinned to a core each) against the large model alone on vLLM's own engine (both cores), the same
+HumanEval chat prompts, N concurrent requests, greedy, same stop ids.
+
+    tokenrouter bench-vllm engines --roles small large --reps 3 --json results/bench_vllm_engines.json
+    tokenrouter bench-vllm routing --clients 8 --requests 16 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tokenrouter.config import ModelSpec, load_config
+from tokenrouter.engine.factory import create_engine
+from tokenrouter.engine.process_engine import EngineProcess
+
+from .bench_engine import BATCH8_LENGTHS, BATCH1_LENGTH, RESUME_PREFIX, code_prompts, engine_generate, resume_cost
+
+BATCHES = {1: (BATCH1_LENGTH,), 8: BATCH8_LENGTHS, 16: BATCH8_LENGTHS + tuple(n + 8 for n in BATCH8_LENGTHS)}
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder.yaml"
+
+
+# --- engines: adapter vs vLLM's own loop vs our torch engine ----------------------------------------
+def engine_worker(role: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Runs in a process of its own (see ``run``): vLLM in-process, the torch engine beside it."""
+    from transformers import AutoTokenizer
+
+    common = dict(path=str(path), dtype="float32", threads=args.threads, kv_cache_tokens=16384, max_batch_size=16,
+                  max_prefill_tokens=4096)
+    vllm = create_engine(role, ModelSpec(engine="vllm", **common), owns_process=True)
+    torch_engine = create_engine(role, ModelSpec(engine="torch", block_size=16, **common), owns_process=True)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    systems: dict[str, Callable[[list[list[int]], int], tuple[list[list[int]], int]]] = {
+        "adapter": lambda prompts, n: (engine_generate(vllm, prompts, n), n),
+        "native": lambda prompts, n: vllm.generate_natively(prompts, n),
+        "torch": lambda prompts, n: (engine_generate(torch_engine, prompts, n), n),
+    }
+    warm = code_prompts(tokenizer, [16])
+    for system in systems.values():  # first calls allocate; vLLM's first step is cold
+        system(warm, 2)
+    result: dict[str, Any] = {"role": role, "path": str(path), "threads": args.threads, "batches": {}}
+    for batch in args.batches:
+        result["batches"][batch] = compare_systems(systems, code_prompts(tokenizer, BATCHES[batch]), args)
+    if args.resume:
+        result["resume_ms"] = resume_cost(vllm, code_prompts(tokenizer, [RESUME_PREFIX])[0], args.reps)
+    return result
+
+
+def compare_systems(systems: dict, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
+    """Interleaved reps (rotating which system goes first), medians, paired ratios, agreement."""
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    steps: dict[str, int] = {}
+    outputs: dict[str, list[list[int]]] = {}
+    names = list(systems)
+    for rep in range(args.reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            start = time.perf_counter()
+            outputs[name], steps[name] = systems[name](prompts, args.new_tokens)
+            times[name].append(time.perf_counter() - start)
+            print(f"  batch {len(prompts)} rep {rep} {name}: {times[name][-1]:.2f} s", file=sys.stderr, flush=True)
+    tokens = len(prompts) * args.new_tokens
+    median = {name: statistics.median(values) for name, values in times.items()}
+    return {
+        "batch": len(prompts),
+        "new_tokens": args.new_tokens,
+        "tok_s": {name: tokens / seconds for name, seconds in median.items()},
+        "step_ms": {name: 1000 * median[name] / steps[name] for name in systems},
+        # Each rep's runs were back to back: robust to load drift on a shared machine.
+        "adapter_vs_native": statistics.median(n / a for n, a in zip(times["native"], times["adapter"])),
+        "adapter_vs_torch": statistics.median(t / a for t, a in zip(times["torch"], times["adapter"])),
+        "rows_identical": {name: sum(a == b for a, b in zip(outputs["adapter"], outputs[name])) for name in systems},
+        "all_times": times,
+    }
+
+
+# --- routing: TokenRouter on vLLM vs the large model alone on vLLM --------------------------------
+def routing_prompts(config_path: Path, count: int) -> tuple[list[list[int]], list[int]]:
+    """HumanEval problems as chat turns, encoded as the served endpoint would; and the stop ids."""
+    from tokenrouter.text import TextCodec
+
+    from .quality_bench.humaneval import CHAT_INSTRUCTION, load_problems
+
+    config = load_config(config_path)
+    codec = TextCodec.from_path(config.tokenizer_path, chat_template=True)
+    problems = load_problems(count, sample_seed=0)
+    prompts = [codec.encode_prompt(CHAT_INSTRUCTION.format(prompt=p["prompt"])) for p in problems]
+    return prompts, codec.end_ids()
+
+
+def routed_config(args: argparse.Namespace) -> dict[str, Any]:
+    config = load_config(args.config).model_dump()
+    for index, spec in enumerate(config["models"].values()):
+        spec.update(engine="vllm", block_size=32, threads=1, cpus=[index % args.cores], max_batch_size=args.clients)
+        spec.pop("batch_threshold", None)
+    config["policy"] = {"name": args.policy, "params": json.loads(args.policy_params), "weights": None}
+    config["scheduling"].update(max_active=args.clients)
+    return config
+
+
+def run_routing(args: argparse.Namespace) -> dict[str, Any]:
+    from tokenrouter.runtime.api import TokenRoutingEngine
+
+    prompts, stop_ids = routing_prompts(args.config, args.requests)
+    config = load_config(routed_config(args))
+    large = list(config.models)[1]
+    runs: dict[str, list[dict[str, float]]] = {"tokenrouter": [], "large_alone": []}
+    # Both cannot be resident at once (about 6 + 11 + 11 GB): one phase after the other.
+    with TokenRoutingEngine(config) as router:
+        router.generate(prompts[:2], max_tokens=4, timeout=600)  # warm both engines
+        for rep in range(args.reps):
+            start = time.perf_counter()
+            results = router.generate(prompts, max_tokens=args.max_tokens, timeout=3600)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(r.token_ids) for r in results)
+            share = sum(r.large_model_share * len(r.token_ids) for r in results) / max(tokens, 1)
+            runs["tokenrouter"].append({"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds,
+                                        "large_share": share})
+            print(f"  rep {rep} tokenrouter: {tokens / seconds:.1f} tok/s, large share {share:.3f}", file=sys.stderr)
+    spec = dict(config.models[large].model_dump(), threads=args.cores, cpus=None, max_batch_size=args.clients)
+    alone = EngineProcess(large, ModelSpec(**spec))
+    try:
+        alone.call("generate_natively", prompts[:2], 4)
+        for rep in range(args.reps):
+            start = time.perf_counter()
+            outputs, _ = alone.call("generate_natively", prompts, args.max_tokens, stop_ids)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(o) for o in outputs)
+            runs["large_alone"].append({"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds})
+            print(f"  rep {rep} large alone: {tokens / seconds:.1f} tok/s", file=sys.stderr)
+    finally:
+        alone.close()
+    median = {name: statistics.median(r["tok_s"] for r in values) for name, values in runs.items()}
+    return {"clients": args.clients, "requests": len(prompts), "max_tokens": args.max_tokens,
+            "policy": config.policy.model_dump(), "tok_s": median,
+            "large_share": statistics.median(r["large_share"] for r in runs["tokenrouter"]),
+            "speedup": median["tokenrouter"] / median["large_alone"], "runs": runs}
+
+
+# --- report, CLI --------------------------------------------------------------------------------------
+def report_engines(results: list[dict]) -> str:
+    lines = ["| model | batch | adapter tok/s | vLLM native tok/s | torch tok/s | adapter / native (paired) "
+             "| adapter / torch (paired) | ms/step adapter | ms/step native | identical rows (native, torch) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        for c in r["batches"].values():
+            t, s, same = c["tok_s"], c["step_ms"], c["rows_identical"]
+            lines.append(f"| {r['role']} | {c['batch']} | {t['adapter']:.1f} | {t['native']:.1f} | {t['torch']:.1f} "
+                         f"| {c['adapter_vs_native']:.2f}x | {c['adapter_vs_torch']:.2f}x | {s['adapter']:.0f} "
+                         f"| {s['native']:.0f} | {same['native']}/{c['batch']}, {same['torch']}/{c['batch']} |")
+    lines += ["", "| model | decode step ms | extend k=1 | k=2 | k=3 | k=4 | worst extend / decode | prefill prefix+1 |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        m = r.get("resume_ms")
+        if m:
+            worst = max(m[f"extend_{k}"] for k in range(1, 5)) / m["decode_1"]
+            lines.append(f"| {r['role']} | {m['decode_1']:.0f} | " + " | ".join(f"{m[f'extend_{k}']:.0f}" for k in
+                         range(1, 5)) + f" | {worst:.2f}x | {m['prefill_prefix+1']:.0f} |")
+    return "\n".join(lines)
+
+
+def report_routing(r: dict) -> str:
+    return ("| system | tok/s (median) | large share |\n| --- | --- | --- |\n"
+            f"| TokenRouter on vLLM ({r['policy']['name']} {r['policy']['params']}) | {r['tok_s']['tokenrouter']:.1f} "
+            f"| {r['large_share']:.3f} |\n| large model alone, vLLM native | {r['tok_s']['large_alone']:.1f} | 1 |\n\n"
+            f"speedup {r['speedup']:.2f}x at N = {r['clients']}, {r['requests']} requests, max_tokens {r['max_tokens']}")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("part", choices=("engines", "routing"))
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--roles", nargs="+", default=["small", "large"], help="engines: which models")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16], choices=sorted(BATCHES))
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2, help="engines: threads per engine")
+    parser.add_argument("--no-resume", dest="resume", action="store_false", help="engines: skip the resume cost")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="routing: the model pair and stops")
+    parser.add_argument("--clients", type=int, default=8, help="routing: concurrent requests N")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--policy", default="glimp")
+    parser.add_argument("--policy-params", default='{"threshold": 0.01, "step_end_ids": [198, 271]}',
+                        help="JSON; default: GlimpRouter deferring lines (~10 %% large share on code)")
+    parser.add_argument("--cores", type=int, default=2, help="routing: cores to spread the models over")
+    parser.add_argument("--worker", nargs=2, metavar=("ROLE", "PATH"), help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.worker:  # one model's engines part, in its own process
+        print(json.dumps(engine_worker(args.worker[0], Path(args.worker[1]), args)))
+        return 0
+    if args.part == "routing":
+        result: Any = run_routing(args)
+        print(report_routing(result))
+    else:
+        from tokenrouter_engines.models import model_dirs
+
+        result = [run_worker(role, model_dirs()[role], args) for role in args.roles]
+        print(report_engines(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def run_worker(role: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "tokenrouter_tools.bench_vllm", "engines", "--worker", role, str(path),
+            "--reps", str(args.reps), "--new-tokens", str(args.new_tokens), "--threads", str(args.threads),
+            "--batches", *map(str, args.batches)] + ([] if args.resume else ["--no-resume"])
+    out = subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
