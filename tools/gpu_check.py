@@ -13,6 +13,7 @@ not run says why in the report, never silently. The time budget skips what would
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import platform
@@ -21,7 +22,6 @@ import sys
 import tempfile
 import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -252,9 +252,7 @@ def check_vllm_engine(plan: Plan, budget: Budget) -> dict[str, Any]:
         del reference, model
         free_memory()
         spec = ModelSpec(path=folder, engine="vllm", dtype=str(plan.dtype).removeprefix("torch."), device=plan.device,
-                         # the vLLM engine serves the model's whole max_position_embeddings (32768):
-                         # vLLM refuses a pool that cannot hold one sequence of that length
-                         kv_cache_tokens=max(max(plan.batches) * (max(plan.contexts) + 64), 32768 + 2 * BLOCK_SIZE),
+                         kv_cache_tokens=max(plan.batches) * (max(plan.contexts) + 64),
                          max_batch_size=max(plan.batches), max_prefill_tokens=max(plan.contexts),
                          gpu_memory_utilization=0.5)
         start = time.perf_counter()
@@ -312,7 +310,7 @@ def environment(plan: Plan) -> dict[str, Any]:
     return env
 
 
-@contextmanager
+@contextlib.contextmanager
 def timed(report: dict[str, Any]) -> Iterator[None]:
     start = time.perf_counter()
     yield
@@ -335,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     budget = Budget(args.budget_s)
     report: dict[str, Any] = {"environment": environment(plan), "torch_engine": {}}
-    with timed(report):
+    # stdout carries the report alone: libraries that log to stdout (vLLM) go to stderr meanwhile
+    with timed(report), contextlib.redirect_stdout(sys.stderr):
         for shape in plan.models:
             report["torch_engine"][shape] = run_part(lambda: check_torch_engine(shape, plan, budget), budget)
         report["vllm_engine"] = ({"skipped": "--skip-vllm given"} if args.skip_vllm
