@@ -59,6 +59,8 @@ def test_cpu_server_has_no_gpu_and_builds_on_the_plain_image_with_cpu_torch(comp
     args = cpu["build"]["args"]
     assert args["BASE_IMAGE"].endswith("-py3") and "vllm" not in args["BASE_IMAGE"] and "trtllm" not in args["BASE_IMAGE"]
     assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
+    requirements = (ROOT / "requirements.txt").read_text().splitlines()
+    assert set(args["BASE_PACKAGES"].split()) <= set(requirements)  # the CPU stack pinned as for CI
     assert cpu["command"] == ["tokenrouter", "serve"]
 
 
@@ -106,10 +108,11 @@ def test_dockerfile_keeps_the_image_and_installs_through_the_constraints(dockerf
     assert re.search(r"^ARG BASE_IMAGE=nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-vllm-python-py3$", dockerfile, re.M)
     runs = [line for line in dockerfile.splitlines() if "pip install" in line or "install_project" in line]
     assert any("bash docker/install_project.sh -e /opt/tokenrouter" in line for line in runs)
-    # the only other pip call is the CPU build's torch, before the image is frozen
+    # the only other pip install is the CPU build's base packages, before the image is frozen
     others = [line for line in runs if "install_project" not in line]
-    assert others == [line for line in others if "--index-url \"${TORCH_INDEX_URL}\"" in line] and len(others) == 1
-    assert dockerfile.index("TORCH_INDEX_URL}\"") < dockerfile.index("bash docker/install_project.sh")
+    assert len(others) == 1 and '--extra-index-url "${TORCH_INDEX_URL}" ${BASE_PACKAGES}' in others[0]
+    assert dockerfile.index("${BASE_PACKAGES}") < dockerfile.index("bash docker/install_project.sh")
+    assert 'ARG BASE_PACKAGES="torch"' in dockerfile
     assert "ENTRYPOINT" not in dockerfile  # NVIDIA's entrypoint (CUDA compat libs) stays
     assert "LD_LIBRARY_PATH" not in dockerfile
     assert f'HEALTHCHECK' in dockerfile and f'CMD ["python3", "{APP}/docker/healthcheck.py"]' in dockerfile
