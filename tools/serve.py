@@ -62,7 +62,8 @@ def _check_paths(config: TokenRouterConfig) -> None:
     for name, spec in config.models.items():
         if spec.path and not Path(spec.path).exists():
             raise ConfigError(f"model '{name}': {spec.path} does not exist "
-                              f"(the default pair installs with `tokenrouter models pull`)")
+                              f"(the default pair installs with `tokenrouter models pull`, the GPU configs' "
+                              f"checkpoints with `tokenrouter models download`)")
 
 
 def _render(config: TokenRouterConfig, out: str | None, name: str) -> Path:

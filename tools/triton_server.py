@@ -107,9 +107,12 @@ def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> di
     env = dict(os.environ if base is None else base)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     lib_dirs = [str(d) for d in install.lib_dirs]
-    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
-        # the stub links libpython3.X from the loader path; this interpreter's own libpython must
-        # win over the system's, or extension modules of this stdlib (e.g. _ssl) fail to load
+    if install.stub is not None and sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        # the wheel's stub links libpython3.X from the loader path; this interpreter's own libpython
+        # must win over the system's, or extension modules of this stdlib (e.g. _ssl) fail to load.
+        # Not with a system Triton (the NGC image): its stub is built for the image's Python, and the
+        # system library dir first would load the host driver's libcuda before NVIDIA's CUDA
+        # forward-compatibility libraries that the image's entrypoint put on LD_LIBRARY_PATH.
         lib_dirs.insert(0, sysconfig.get_config_var("LIBDIR"))
     if lib_dirs:
         env["LD_LIBRARY_PATH"] = os.pathsep.join([*lib_dirs, *filter(None, [env.get("LD_LIBRARY_PATH")])])

@@ -1,27 +1,154 @@
-"""docker/: the compose file and the Dockerfile, checked without a Docker engine.
+"""docker/: the compose file, the Dockerfile and the health check, checked without a Docker engine.
 
-Structure is checked with yaml always. Where a Compose implementation is installed (the
-`docker compose` v2 plugin, or Debian's `docker-compose` 1.29), its own `config` command
-validates the file against its schema and resolves profiles; that part is skipped otherwise.
+Structure is checked with yaml always (these machines have no Compose plugin and no daemon). Where
+a Compose implementation is installed, its own `config` command validates the file against its
+schema and resolves profiles; that one test is skipped otherwise, with the reason.
 """
 
 from __future__ import annotations
 
+import http.server
+import re
 import shutil
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
-DOCKER = Path(__file__).resolve().parents[2] / "docker"
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "docker-compose.yml"
-MODELS_MOUNT = "/opt/tokenrouter/engines/build/models"
+APP = "/opt/tokenrouter"
+MODELS_MOUNT = f"{APP}/engines/build/models"
+HEALTHCHECK = ["CMD", "python3", f"{APP}/docker/healthcheck.py"]
+SERVERS = ["tokenrouter-gpu", "tokenrouter-cpu"]
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
     return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> str:
+    return (DOCKER / "Dockerfile").read_text()
+
+
+def test_each_service_belongs_to_one_profile(compose: dict) -> None:
+    assert {name: service["profiles"] for name, service in compose["services"].items()} == {
+        "download": ["download"], "tokenrouter-gpu": ["gpu"], "tokenrouter-cpu": ["cpu"]}
+
+
+def test_gpu_server_reserves_the_gpus_and_serves_a_gpu_config(compose: dict) -> None:
+    gpu = compose["services"]["tokenrouter-gpu"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    assert gpu["build"]["args"]["BASE_IMAGE"].endswith("-vllm-python-py3")
+    command = gpu["command"]
+    assert command[:3] == ["tokenrouter", "serve", "--config"]
+    default_config = re.fullmatch(r"\$\{TOKENROUTER_GPU_CONFIG:-(.+)\}", command[3]).group(1)
+    assert (ROOT / default_config).is_file() and "gpu" in default_config
+
+
+def test_cpu_server_has_no_gpu_and_builds_on_the_plain_image_with_cpu_torch(compose: dict) -> None:
+    cpu = compose["services"]["tokenrouter-cpu"]
+    assert "deploy" not in cpu
+    args = cpu["build"]["args"]
+    assert args["BASE_IMAGE"].endswith("-py3") and "vllm" not in args["BASE_IMAGE"] and "trtllm" not in args["BASE_IMAGE"]
+    assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
+    requirements = (ROOT / "requirements.txt").read_text().splitlines()
+    assert set(args["BASE_PACKAGES"].split()) <= set(requirements)  # the CPU stack pinned as for CI
+    assert cpu["command"] == ["tokenrouter", "serve"]
+
+
+@pytest.mark.parametrize("service", SERVERS)
+def test_servers_publish_ports_with_nvidias_limits_and_a_readiness_healthcheck(compose: dict, service: str) -> None:
+    server = compose["services"][service]
+    assert sorted(server["ports"]) == ["8000:8000", "8001:8001", "8002:8002"]
+    assert server["ulimits"] == {"memlock": -1, "stack": 67108864}
+    assert server["shm_size"]
+    health = server["healthcheck"]
+    assert health["test"] == HEALTHCHECK and health["retries"] >= 1
+    assert re.fullmatch(r"\d+m", health["start_period"])
+    assert server["restart"] == "unless-stopped"
+    assert "entrypoint" not in server  # NVIDIA's entrypoint stays
+
+
+def _bind(volume: str) -> tuple[str, str]:
+    """(host source with ${VAR:-default} taken at its default, container target) of a bind mount."""
+    source, target = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", volume).split(":")[:2]
+    return source, target
+
+
+@pytest.mark.parametrize("service", SERVERS)
+def test_servers_mount_models_configs_and_repositories_from_the_host(compose: dict, service: str) -> None:
+    volumes = compose["services"][service]["volumes"]
+    assert volumes[0].startswith("${TOKENROUTER_MODELS_DIR:-")
+    assert sorted(_bind(volume) for volume in volumes) == sorted([
+        ("../engines/build/models", MODELS_MOUNT), ("../configs", f"{APP}/configs"),
+        ("../.runtime/repositories", f"{APP}/.runtime/repositories")])
+    assert f"../configs:{APP}/configs:ro" in volumes
+    for source, _ in map(_bind, volumes):  # relative to docker/: inside the checkout
+        assert (DOCKER / source).resolve().is_relative_to(ROOT)
+    assert "volumes" not in compose  # no named volumes: everything big stays on the host
+
+
+def test_download_is_a_one_shot_into_the_host_models_dir_on_the_server_image(compose: dict) -> None:
+    download, gpu = compose["services"]["download"], compose["services"]["tokenrouter-gpu"]
+    assert download["command"] == ["tokenrouter", "models", "download"] and download["restart"] == "no"
+    assert download["image"] == gpu["image"] and download["build"] == gpu["build"]  # no second image
+    assert download["volumes"] == [gpu["volumes"][0]] and _bind(download["volumes"][0])[1] == MODELS_MOUNT
+    assert "HF_TOKEN" in download["environment"]
+
+
+def test_dockerfile_keeps_the_image_and_installs_through_the_constraints(dockerfile: str) -> None:
+    assert re.search(r"^ARG BASE_IMAGE=nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-vllm-python-py3$", dockerfile, re.M)
+    runs = [line for line in dockerfile.splitlines() if "pip install" in line or "install_project" in line]
+    assert any("bash docker/install_project.sh -e /opt/tokenrouter" in line for line in runs)
+    # the only other pip install is the CPU build's base packages, before the image is frozen
+    others = [line for line in runs if "install_project" not in line]
+    assert len(others) == 1 and '--extra-index-url "${TORCH_INDEX_URL}" ${BASE_PACKAGES}' in others[0]
+    assert dockerfile.index("${BASE_PACKAGES}") < dockerfile.index("bash docker/install_project.sh")
+    assert 'ARG BASE_PACKAGES="torch"' in dockerfile
+    assert "ENTRYPOINT" not in dockerfile  # NVIDIA's entrypoint (CUDA compat libs) stays
+    assert "LD_LIBRARY_PATH" not in dockerfile
+    assert f'HEALTHCHECK' in dockerfile and f'CMD ["python3", "{APP}/docker/healthcheck.py"]' in dockerfile
+    assert f"{APP}/backends/python_router/model.py /opt/tritonserver/backends/python_router/model.py" in dockerfile
+    for copied in ("backends", "engines", "tools", "configs", "model_repository"):
+        assert f"COPY {copied} ./{copied}" in dockerfile and (ROOT / copied).is_dir()
+    for script in re.search(r"COPY (docker/\S+ )+\./docker/", dockerfile).group(0).split()[1:-1]:
+        assert (ROOT / script).is_file()
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self.send_response(self.status if self.path == "/v2/health/ready" else 404)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.parametrize("status, exit_code", [(200, 0), (503, 1), (None, 1)])
+def test_healthcheck_exits_zero_only_when_triton_is_ready(status: int | None, exit_code: int) -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), type("H", (_Health,), {"status": status or 200}))
+    url = f"http://127.0.0.1:{server.server_port}/v2/health/ready"
+    if status is None:
+        server.server_close()  # nothing listens: a server still starting
+    else:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = subprocess.run([sys.executable, str(DOCKER / "healthcheck.py"), url], timeout=30)
+    finally:
+        if status is not None:
+            server.shutdown()
+            server.server_close()
+    assert run.returncode == exit_code
 
 
 def _compose_command() -> list[str] | None:
@@ -32,60 +159,21 @@ def _compose_command() -> list[str] | None:
     return None
 
 
-def test_gpu_service_reserves_gpus_and_serves_on_the_three_ports(compose: dict) -> None:
-    gpu = compose["services"]["tokenrouter"]
-    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
-    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
-    assert "profiles" not in gpu  # `docker compose up` starts it
-    assert "trtllm" not in str(gpu["build"].get("args", {}))  # the Dockerfile's default base: trtllm-python-py3
-
-
-@pytest.mark.parametrize("service", ["tokenrouter", "tokenrouter-cpu"])
-def test_servers_share_ports_shm_volume_and_wait_for_models(compose: dict, service: str) -> None:
-    server = compose["services"][service]
-    assert sorted(server["ports"]) == ["8000:8000", "8001:8001", "8002:8002"]
-    assert server["shm_size"]
-    assert f"models:{MODELS_MOUNT}" in server["volumes"]
-    assert server["depends_on"]["models"]["condition"] == "service_completed_successfully"
-    assert server["command"][0] == "serve"
-
-
-def test_cpu_profile_has_no_gpu_reservation(compose: dict) -> None:
-    cpu = compose["services"]["tokenrouter-cpu"]
-    assert cpu["profiles"] == ["cpu"] and "deploy" not in cpu
-    assert cpu["build"]["args"]["BASE_IMAGE"].endswith("-py3") and "trtllm" not in cpu["build"]["args"]["BASE_IMAGE"]
-
-
-def test_models_is_a_one_shot_pull_into_the_volume(compose: dict) -> None:
-    models = compose["services"]["models"]
-    assert models["command"] == ["models", "pull"] and models["restart"] == "no"
-    assert f"models:{MODELS_MOUNT}" in models["volumes"]
-    assert "models" in compose["volumes"]
-
-
-def test_dockerfile_installs_the_package_and_places_the_backend() -> None:
-    text = (DOCKER / "Dockerfile").read_text()
-    assert "ARG BASE_IMAGE=nvcr.io/nvidia/tritonserver:" in text and "-trtllm-python-py3" in text
-    assert "pip install --no-cache-dir -e ." in text
-    assert "/opt/tritonserver/backends/python_router/model.py" in text
-    assert f"VOLUME {MODELS_MOUNT}" in text
-    for copied in ("backends", "engines", "tools", "configs", "model_repository"):
-        assert f"COPY {copied} ./{copied}" in text
-        assert (DOCKER.parent / copied).is_dir()
-
-
 def test_compose_config_validates_and_resolves_profiles(tmp_path: Path) -> None:
     command = _compose_command()
     if command is None:
-        pytest.skip("no Compose implementation installed (docker compose plugin or docker-compose)")
+        pytest.skip("no Compose implementation installed (docker compose plugin or docker-compose); "
+                    "the structure tests above still ran")
     run = lambda *args: subprocess.run([*command, "-f", str(COMPOSE), *args], capture_output=True, text=True,
                                        cwd=DOCKER)
     checked = run("config", "-q")
     assert checked.returncode == 0, checked.stderr
-    # (compose v1 lists profiled services without --profile too; v2 does not)
-    assert sorted(run("--profile", "cpu", "config", "--services").stdout.split()) == [
-        "models", "tokenrouter", "tokenrouter-cpu"]
-    # the validator is real: a misspelt key fails
+    services = sorted(run("--profile", "gpu", "config", "--services").stdout.split())
+    # compose v1 lists profiled services without their profile too; v2 resolves profiles
+    assert services == (["tokenrouter-gpu"] if command == ["docker", "compose"] else sorted(SERVERS + ["download"]))
+    resolved = yaml.safe_load(run("config").stdout)["services"]["tokenrouter-gpu"]  # anchors and merges applied
+    assert resolved["ulimits"]["memlock"] == -1 and resolved["healthcheck"]["test"] == HEALTHCHECK
+    assert resolved["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     broken = tmp_path / "docker-compose.yml"
     broken.write_text(COMPOSE.read_text().replace("shm_size:", "shm_sise:"))
     bad = subprocess.run([*command, "-f", str(broken), "config", "-q"], capture_output=True, text=True, cwd=DOCKER)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tokenrouter.config import ConfigError, load_config
+from tritonclient.grpc import model_config_pb2 as mc
 from tokenrouter.serving.repository import (
     ENSEMBLE, MARKER, read_model_config, read_repository, render_repository,
 )
@@ -124,11 +125,27 @@ def test_refuses_to_replace_a_folder_it_did_not_render(tmp_path: Path) -> None:
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
-def test_gpu_instances_pin_the_configured_device(tmp_path: Path) -> None:
+def _instance_groups(repo: Path, names: list[str]) -> dict[str, tuple[str, list[int]]]:
+    groups = {name: read_model_config(repo / name).instance_group for name in names}
+    return {name: (mc.ModelInstanceGroup.Kind.Name(group[0].kind), list(group[0].gpus)) for name, group in groups.items()}
+
+
+def test_instance_kinds_follow_each_models_device(tmp_path: Path) -> None:
+    """What `serve --config` renders: cuda:N pins GPU N, cuda GPU 0, cpu and auto stay KIND_CPU."""
     config = rich_config(tmp_path)
+    config["models"]["sim"]["device"] = "cuda"
+    config["models"]["auto"] = {**config["models"]["sim"], "device": "auto"}
+    repo = render_repository(config, tmp_path / "repo")
+    assert _instance_groups(repo, ["small", "large", "sim", "auto"]) == {
+        "small": ("KIND_CPU", []), "large": ("KIND_GPU", [1]), "sim": ("KIND_GPU", [0]), "auto": ("KIND_CPU", [])}
+
+
+def test_an_explicit_instance_kind_applies_to_every_subserver(tmp_path: Path) -> None:
+    config = rich_config(tmp_path)
+    repo = render_repository(config, tmp_path / "repo", instance_kind="KIND_CPU")
+    assert _instance_groups(repo, ["small", "large"]) == {"small": ("KIND_CPU", []), "large": ("KIND_CPU", [])}
     render_repository(config, tmp_path / "repo", instance_kind="KIND_GPU")
-    group = read_model_config(tmp_path / "repo" / "large").instance_group[0]
-    assert list(group.gpus) == [1]
+    assert _instance_groups(repo, ["small", "large"]) == {"small": ("KIND_GPU", [0]), "large": ("KIND_GPU", [1])}
     with pytest.raises(ConfigError, match="instance kind"):
         render_repository(config, tmp_path / "repo", instance_kind="KIND_TPU")
 

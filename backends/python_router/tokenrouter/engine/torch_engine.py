@@ -8,16 +8,18 @@ sequence that sits out steps keeps its blocks untouched, so resuming it costs on
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from transformers import PreTrainedModel
 
-from ..config import ModelSpec
 from .base import SeqId, StepResult, StepRow
 from .loader import eos_token_ids_of, load_causal_lm, resolve_device
 from .paged_attention import ATTN_IMPLEMENTATION, LAYOUT_KWARG, PagedKVCache, StepLayout
 from .pooled import PooledEngine, sampled_result
+
+if TYPE_CHECKING:  # the engine itself needs only torch and transformers (tools/gpu_check.py relies on it)
+    from ..config import ModelSpec
 
 
 class TorchEngine(PooledEngine):

@@ -180,9 +180,22 @@ def model_config(name: str, *, backend: str = "", platform: str = "", max_batch_
     return config
 
 
+def instance_kind_for(device: str) -> str:
+    """The instance group kind a model on ``device`` needs: KIND_GPU for ``cuda``/``cuda:N``.
+
+    ``auto`` stays KIND_CPU: Triton refuses to load a KIND_GPU instance on a host without GPUs, and
+    an ``auto`` config must load on both (the engine still picks CUDA when it is there).
+    """
+    return "KIND_GPU" if device.startswith("cuda") else "KIND_CPU"
+
+
 def subserver_config(name: str, parameters: Mapping[str, Any], *, backend: str = ROUTER_BACKEND,
-                     instance_kind: str = "KIND_CPU", device: str = "cpu") -> mc.ModelConfig:
-    """A subserver: decoupled, the subserver tensor interface, one instance (it batches itself)."""
+                     instance_kind: str | None = None, device: str = "cpu") -> mc.ModelConfig:
+    """A subserver: decoupled, the subserver tensor interface, one instance (it batches itself).
+
+    ``instance_kind`` None derives it from ``device``; KIND_GPU pins the device's GPU (``cuda`` is GPU 0).
+    """
+    instance_kind = instance_kind or instance_kind_for(device)
     gpus = [int(device.partition(":")[2] or 0)] if instance_kind == "KIND_GPU" else []
     return model_config(name, backend=backend, inputs=SUBSERVER_INPUTS, outputs=SUBSERVER_OUTPUTS,
                         parameters={**parameters, "role": "subserver"}, decoupled=True,
@@ -269,13 +282,14 @@ def _router_config(config: TokenRouterConfig, weights: str) -> mc.ModelConfig:
 
 
 def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], out_dir: Path, *,
-                      instance_kind: str = "KIND_CPU", relative_paths: bool = True) -> Path:
+                      instance_kind: str | None = None, relative_paths: bool = True) -> Path:
     """Write a complete model repository for ``config`` into ``out_dir`` and return its path.
 
     ``out_dir`` is replaced as a whole (it must be empty, absent, or an earlier rendering), so a
     model dropped from the config does not linger. The policy's weights are copied into
     router/1/; trained routers already in the earlier rendering's router/1/ stay there.
-    ``instance_kind`` applies to the subservers (KIND_GPU pins the device's GPU).
+    ``instance_kind`` applies to the subservers; None (the default, and what ``serve --config`` uses)
+    derives each one's kind from its model's ``device`` (KIND_GPU pins the device's GPU).
     """
     config = load_config(config)
     out_dir = Path(out_dir).resolve()

@@ -1,0 +1,56 @@
+"""The GPU configs say what they run: vLLM engines, bf16, the CPU default's policy, GPU instance groups."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from tokenrouter.config import load_config
+from tokenrouter.serving.repository import read_model_config, render_repository
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_CONFIGS = sorted((ROOT / "configs").glob("*gpu*.yaml"))
+# The official checkpoints' shapes (config.json of Qwen2.5-Coder-0.5B/1.5B-Instruct): layers, KV
+# heads, head dim, parameters. Used to check that each engine's share of its GPU holds weights + KV.
+SHAPES = {"0.5B": (24, 2, 64, 0.49e9), "1.5B": (28, 2, 128, 1.54e9)}
+SMALLEST_GPU_BYTES = 24e9  # docs/deploy.md: the one-GPU config needs a 24 GB GPU
+
+
+@pytest.fixture(params=GPU_CONFIGS, ids=lambda p: p.name)
+def config_path(request) -> Path:
+    return request.param
+
+
+def test_there_are_one_and_two_gpu_configs() -> None:
+    assert [p.name for p in GPU_CONFIGS] == ["qwen2.5-coder-2gpu.yaml", "qwen2.5-coder-gpu.yaml"]
+
+
+def test_gpu_configs_run_vllm_in_bf16_with_the_cpu_defaults_policy(config_path: Path) -> None:
+    config, default = load_config(config_path), load_config(ROOT / "configs" / "qwen2.5-coder.yaml")
+    for spec in config.models.values():
+        assert (spec.engine, spec.dtype) == ("vllm", "bfloat16")
+        assert spec.device.startswith("cuda:")
+    assert config.policy == default.policy
+    assert (config.entry, config.chat_template) == (default.entry, default.chat_template)
+
+
+def test_engines_sharing_a_gpu_fit_their_memory_shares(config_path: Path) -> None:
+    config = load_config(config_path)
+    shares: dict[str, float] = defaultdict(float)
+    for spec in config.models.values():
+        shares[spec.device] += spec.gpu_memory_utilization
+        layers, kv_heads, head_dim, params = SHAPES["0.5B" if "0.5B" in spec.path else "1.5B"]
+        kv_bytes = spec.kv_cache_tokens * layers * 2 * kv_heads * head_dim * 2  # K and V, bf16
+        # weights + KV must leave a quarter of the share for activations and CUDA graphs
+        assert params * 2 + kv_bytes <= 0.75 * spec.gpu_memory_utilization * SMALLEST_GPU_BYTES, spec.path
+    assert all(total <= 0.9 for total in shares.values()), dict(shares)
+
+
+def test_a_request_of_the_configs_full_length_fits_every_pool(config_path: Path) -> None:
+    """The vLLM engine caps a sequence at its KV pool: the config's max_model_len must fit each one."""
+    config = load_config(config_path)
+    for spec in config.models.values():
+        assert config.max_model_len <= spec.kv_cache_tokens

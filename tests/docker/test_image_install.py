@@ -1,0 +1,131 @@
+"""The image's install step keeps the base image's torch/vLLM/transformers: docker/install_project.sh, run
+against a fake image, offline.
+
+A fake "image" is a virtual environment holding stand-in wheels of NVIDIA's torch, vLLM and
+transformers; a local wheel folder plays PyPI, offering newer versions of them (transformers 5.24
+needing torch >= 2.10, as in issue 15) and a stand-in of this project whose dependencies are the real
+ones from pyproject.toml. pip's own resolver then decides, in dry runs with --report: what the
+script would install, and what a plain `pip install` would have replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "docker" / "install_project.sh"
+IMAGE_TORCH = "2.9.0a0+145a3a7bda.nv25.10"  # version strings in the style of NVIDIA's builds
+IMAGE_VLLM = "0.27.1+b1082979.nv26.8"
+PROJECT = "tokenrouter-triton"
+KEPT = {"torch", "transformers", "vllm"}
+
+
+def _wheel(folder: Path, name: str, version: str, requires: list[str] = (), extras: list[str] = ()) -> None:
+    """A minimal pure-Python wheel that pip can resolve and install (metadata only)."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta += [f"Provides-Extra: {extra}" for extra in extras] + [f"Requires-Dist: {r}" for r in requires]
+    files = {f"{dist}.dist-info/METADATA": "\n".join(meta) + "\n",
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{dist}.dist-info/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{dist}.dist-info/RECORD"])
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory) -> Path:
+    """The stand-in PyPI: image versions, newer releases, and every dependency of the project."""
+    folder = tmp_path_factory.mktemp("wheels")
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for torch_version in (IMAGE_TORCH, "2.14.1"):
+        _wheel(folder, "torch", torch_version)
+    _wheel(folder, "transformers", "4.57.1", ["torch>=2.2"])
+    _wheel(folder, "transformers", "5.6.0", ["torch>=2.4"])
+    _wheel(folder, "transformers", "5.24.0", ["torch>=2.10"])
+    _wheel(folder, "vllm", IMAGE_VLLM, [f"torch=={IMAGE_TORCH}", "transformers>=4.56"])
+    for requirement in map(Requirement, dependencies):
+        if canonicalize_name(requirement.name) not in KEPT:
+            _wheel(folder, requirement.name, "1.0", extras=sorted(requirement.extras))
+    _wheel(folder, PROJECT, "0.1.0", dependencies)
+    return folder
+
+
+def _pip(python: Path) -> list[str]:
+    return [str(python), "-m", "pip"]
+
+
+def _env(index: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            **extra}
+
+
+def _image(tmp_path: Path, index: Path, transformers: str) -> Path:
+    """A fake image: a venv (with its own pip, from ensurepip: offline) holding NVIDIA-style torch and
+    vLLM and the given transformers."""
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "image")], check=True)
+    python = tmp_path / "image" / "bin" / "python"
+    subprocess.run([*_pip(python), "install", "-q", f"torch=={IMAGE_TORCH}", f"transformers=={transformers}",
+                    f"vllm=={IMAGE_VLLM}"], env=_env(index), check=True)
+    return python
+
+
+def _install(python: Path, index: Path, tmp_path: Path, *pip_args: str) -> subprocess.CompletedProcess:
+    """docker/install_project.sh as the Dockerfile runs it, with the fake image's Python."""
+    env = _env(index, PYTHON=str(python), CONSTRAINTS=str(tmp_path / "constraints.txt"))
+    return subprocess.run(["bash", str(SCRIPT), *pip_args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def _planned(report: Path) -> dict[str, str]:
+    return {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
+            for item in json.loads(report.read_text())["install"]}
+
+
+def test_install_adds_the_projects_dependencies_and_keeps_the_images_torch_vllm_transformers(tmp_path, index) -> None:
+    python = _image(tmp_path, index, transformers="5.6.0")
+    run = _install(python, index, tmp_path, "--dry-run", "--report", str(tmp_path / "report.json"), PROJECT)
+    assert run.returncode == 0, run.stderr
+    constraints = (tmp_path / "constraints.txt").read_text().splitlines()
+    assert {f"torch=={IMAGE_TORCH}", f"vllm=={IMAGE_VLLM}", "transformers==5.6.0"} <= set(constraints)
+    planned = _planned(tmp_path / "report.json")
+    assert canonicalize_name(PROJECT) in planned and "pyyaml" in planned  # the resolver did run
+    assert not KEPT & set(planned), planned
+
+
+def test_a_plain_pip_install_would_replace_the_images_torch(tmp_path, index) -> None:
+    """The failure the constraints prevent (issue 15): an older transformers in the image is upgraded,
+    and the new one drags in another torch. Shows this test setup can see a replaced torch."""
+    python = _image(tmp_path, index, transformers="4.57.1")
+    report = tmp_path / "report.json"
+    subprocess.run([*_pip(python), "install", "--dry-run", "--report", str(report), PROJECT], env=_env(index),
+                   check=True, capture_output=True)
+    assert _planned(report)["torch"] == "2.14.1" and _planned(report)["transformers"] == "5.24.0"
+
+
+def test_when_the_project_needs_another_version_the_build_stops_instead(tmp_path, index) -> None:
+    python = _image(tmp_path, index, transformers="4.57.1")  # the project needs transformers >= 5
+    run = _install(python, index, tmp_path, "--dry-run", "--report", str(tmp_path / "report.json"), PROJECT)
+    assert run.returncode != 0
+    output = run.stdout + run.stderr  # pip prints the conflict's cause to stdout, the error to stderr
+    assert "ResolutionImpossible" in output and "(constraint) transformers==4.57.1" in output, output
+
+
+def test_a_real_install_passes_the_check_and_the_check_sees_a_replaced_package(tmp_path, index) -> None:
+    python = _image(tmp_path, index, transformers="5.6.0")
+    run = _install(python, index, tmp_path, PROJECT)
+    assert run.returncode == 0, run.stderr
+    check = [str(python), str(ROOT / "docker" / "freeze_constraints.py"), "--check"]
+    assert subprocess.run([*check, str(tmp_path / "constraints.txt")]).returncode == 0
+    subprocess.run([*_pip(python), "install", "-q", "--no-deps", "torch==2.14.1"], env=_env(index), check=True)
+    replaced = subprocess.run([*check, str(tmp_path / "constraints.txt")], capture_output=True, text=True)
+    assert replaced.returncode == 1 and f"torch: {IMAGE_TORCH} -> 2.14.1" in replaced.stderr
