@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import importlib.util
 import os
 import shutil
 import signal
@@ -24,6 +25,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
+
+from .stub_env import ensure_stub_env, stub_needs_numpy1
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ROUTER_BACKEND_MODEL = PROJECT_ROOT / "backends" / "python_router" / "model.py"
@@ -54,18 +57,20 @@ def find_triton() -> TritonInstall:
     if system:
         home = Path(system).resolve().parents[1]
         return TritonInstall(binary=Path(system), backends=home / "backends")
-    try:
-        import pytriton  # the wheel nvidia-pytriton; only its files are used, not its API
-    except ImportError:
+    # Only the wheel's files are used, never its API: find the package without importing it, since
+    # tools/install.sh installs it without dependencies and its __init__ imports some of them.
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or spec.origin is None:
         raise TritonError(
             "no tritonserver found: install Triton (the NGC image has it) or `pip install nvidia-pytriton==0.7.0`"
-        ) from None
-    home = Path(pytriton.__file__).resolve().parent / "tritonserver"
+        )
+    package = Path(spec.origin).resolve().parent
+    home = package / "tritonserver"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
         raise TritonError(f"the nvidia-pytriton wheel has no Python backend stub for Python {version}")
-    libs = Path(pytriton.__file__).resolve().parents[1] / "nvidia_pytriton.libs"
+    libs = package.parent / "nvidia_pytriton.libs"
     return TritonInstall(binary=home / "bin" / "tritonserver", backends=home / "backends", lib_dirs=(libs,), stub=stub)
 
 
@@ -99,10 +104,14 @@ def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> di
 
     The stub links libpython and finds its prefix by looking up `python3` on PATH; with this
     interpreter's bin first, a virtual environment's pyvenv.cfg is honoured, so the stub sees
-    the same site-packages (including .pth files of editable installs) as this process.
+    the same site-packages (including .pth files of editable installs) as this process. With
+    numpy 2 the wheel's stub gets an environment with numpy 1.x in front (see stub_env.py).
     """
     env = dict(os.environ if base is None else base)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    path = [str(Path(sys.executable).parent), env.get("PATH", "")]
+    if stub_needs_numpy1(install.stub is not None):
+        path.insert(0, str(ensure_stub_env(PROJECT_ROOT / ".runtime" / "stub-env")))
+    env["PATH"] = os.pathsep.join(path)
     lib_dirs = [str(d) for d in install.lib_dirs]
     if sysconfig.get_config_var("Py_ENABLE_SHARED"):
         # the stub links libpython3.X from the loader path; this interpreter's own libpython must
