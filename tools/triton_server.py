@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
+from tokenrouter.serving.peer_auth import SECRET_ENV, new_secret
+
 from .stub_env import ensure_stub_env, stub_needs_numpy1
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -189,7 +191,7 @@ class TritonServer:
             raise TritonError("server already started")
         self.process = subprocess.Popen(
             self.command(),
-            env=server_env(self.install),
+            env={**server_env(self.install), SECRET_ENV: new_secret()},  # peer messages' secret, per start
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
