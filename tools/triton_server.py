@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -189,6 +190,7 @@ class TritonServer:
     def start(self) -> "TritonServer":
         if self.process is not None:
             raise TritonError("server already started")
+        remove_stale_shm_regions()
         self.process = subprocess.Popen(
             self.command(),
             env={**server_env(self.install), SECRET_ENV: new_secret()},  # peer messages' secret, per start
@@ -238,8 +240,43 @@ class TritonServer:
             time.sleep(0.25)
         raise TritonError(f"tritonserver not ready after {timeout_s:.0f} s; last log lines:\n{self.log_tail()}")
 
+    def drain(self, model: str, timeout_s: float) -> bool:
+        """Stop admitting requests to ``model`` and wait up to ``timeout_s`` for its in-flight ones.
+
+        Triton's own SIGTERM drain does not hold for an ensemble whose steps are new internal
+        requests (each streamed chunk goes to postprocessing, each handoff is a BLS call): those
+        are refused as soon as the server stops, so streams failed with "Server not ready". So
+        the model is unloaded first: Triton refuses new requests to it at once and finishes the
+        unload only when its last in-flight request is done, with every other model still up.
+        Returns True when it drained in time.
+        """
+        try:
+            self._post(f"/v2/repository/models/{model}/unload")
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.model_state(model) not in ("READY", "UNLOADING"):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def model_state(self, model: str) -> str | None:
+        """The repository index's state of ``model`` (READY, UNLOADING, UNAVAILABLE...), None if unknown."""
+        try:
+            index = json.loads(self._post("/v2/repository/index"))
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            return None
+        return next((entry.get("state") for entry in index if entry.get("name") == model), None)
+
+    def _post(self, path: str) -> str:
+        request = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.read().decode()
+
     def stop(self, grace_s: float | None = None) -> int | None:
-        """SIGTERM (Triton drains in-flight requests), then SIGKILL whatever is left of the group."""
+        """SIGTERM (Triton drains in-flight requests), then SIGKILL whatever is left of the group
+        and remove the shared-memory regions that a killed server leaves behind."""
         if self.process is None:
             return None
         grace_s = self.exit_timeout_s + 5 if grace_s is None else grace_s
@@ -254,6 +291,7 @@ class TritonServer:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        remove_stale_shm_regions(min_age_s=0.0)
         self._join_reader()
         return self.process.returncode
 
@@ -266,6 +304,44 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+SHM_DIR = Path("/dev/shm")
+SHM_PATTERN = "triton_python_backend_shm_region_*"
+
+
+def remove_stale_shm_regions(min_age_s: float = 60.0) -> list[Path]:
+    """Remove the Python backend's shared-memory regions that no live process maps.
+
+    A server killed before it could clean up leaves them (hundreds of MB each, in RAM). A region
+    still mapped belongs to a live server, possibly another user's launch on this machine, and
+    stays; ``min_age_s`` spares one that a starting server has created but not mapped yet."""
+    regions = {path for path in SHM_DIR.glob(SHM_PATTERN) if time.time() - path.stat().st_mtime >= min_age_s}
+    if not regions:
+        return []
+    mapped = _mapped_files()
+    removed = []
+    for region in sorted(regions - mapped):
+        try:
+            region.unlink()
+            removed.append(region)
+        except OSError:
+            pass
+    return removed
+
+
+def _mapped_files() -> set[Path]:
+    mapped: set[Path] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            fields = line.split(maxsplit=5)  # address perms offset device inode [path]
+            if len(fields) == 6 and fields[5].startswith(str(SHM_DIR)):
+                mapped.add(Path(fields[5]))
+    return mapped
 
 
 # looked up here, not in the forked child, where taking the loader's lock could deadlock

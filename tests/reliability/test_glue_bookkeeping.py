@@ -112,7 +112,7 @@ class FakeSubserver:
     """Takes submissions and messages; answers an accepted submission when the test says so."""
 
     name, entry, is_entry, index = "slm", "slm", True, 0
-    engine = SimpleNamespace(eos_token_ids={2}, num_used_blocks=0)
+    engine = SimpleNamespace(eos_token_ids={2}, num_used_blocks=0, vocab_size=1000)
 
     def __init__(self, faults: Faults) -> None:
         self.faults, self.sinks, self.delivered = faults, [], []

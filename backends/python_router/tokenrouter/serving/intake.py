@@ -89,6 +89,7 @@ class SubserverIntake:
         )
         if not spec.end_ids:
             spec.end_ids = sorted(self._subserver.engine.eos_token_ids)
+        _refuse_a_fully_banned_vocabulary(spec.bad_sequences, self._subserver.engine.vocab_size)
         stream = self._scalar(request, "stream", False, bool)
         rid = f"{self._subserver.name}-{next(self._ids)}"
         sink = TritonSink(self._writer, rid, sender, stream, self._names, self._subserver.index)
@@ -122,6 +123,15 @@ class SubserverIntake:
                         flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:  # the request was already answered (a send that raised after it went out)
             log.warning("%s: could not send the error '%s'", self._subserver.name, message, exc_info=True)
+
+
+def _refuse_a_fully_banned_vocabulary(bad_sequences: list[list[int]], vocab_size: int) -> None:
+    """One-token bad words that ban every token leave nothing to sample: say so instead of
+    emitting something silently. (Multi-token bad words ban only in context; the runtime's
+    constraint step would have to catch a position where they add up to every token.)"""
+    banned = {seq[0] for seq in bad_sequences if len(seq) == 1}
+    if len(banned) >= vocab_size and banned >= set(range(vocab_size)):
+        raise RequestError(f"bad_words ban every one of the {vocab_size} tokens; nothing could be generated")
 
 
 def split_sequences(flat: list[int]) -> list[list[int]]:
