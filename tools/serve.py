@@ -27,6 +27,7 @@ DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "qwen2.5-coder.yaml"
 TINY_CONFIG = PROJECT_ROOT / "configs" / "tiny.yaml"
 TINY_FAMILY, TINY_SEED = "qwen3", 0
+ENDING_GRACE_S = 5.0  # after the drain timeout: for the requests' errors to reach their clients
 
 
 class _Stop(Exception):
@@ -146,9 +147,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenrouter serve: {stop}: refusing new requests, draining those in flight "
               f"(up to {args.drain_timeout:g} s)", file=sys.stderr)
         _ignore_stop_signals()
-        drained = server.drain(ENSEMBLE, args.drain_timeout)
-        print(f"tokenrouter serve: {'drained' if drained else 'drain timed out'}; stopping tritonserver",
-              file=sys.stderr)
+        if not server.drain(ENSEMBLE, args.drain_timeout):
+            reason = f"the server is shutting down; the request did not finish within {args.drain_timeout:g} s"
+            print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
+            try:
+                server.end_in_flight(read_repository(repository).entry, reason)
+            except ConfigError:  # not a TokenRouter repository: nothing of ours to end
+                pass
+            server.drain(ENSEMBLE, ENDING_GRACE_S)  # their errors reach the clients through the ensemble
+        else:
+            print("tokenrouter serve: drained", file=sys.stderr)
+        print("tokenrouter serve: stopping tritonserver", file=sys.stderr)
         return 0
     except TritonError as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from tokenrouter.serving.peer_auth import SECRET_ENV, new_secret
+from tokenrouter.serving.bls_transport import PEER_INPUT
+from tokenrouter.serving.peer_auth import SECRET_ENV, control_parameters, new_secret
 
 from .stub_env import ensure_stub_env, stub_needs_numpy1
 
@@ -158,6 +159,7 @@ class TritonServer:
     extra_args: tuple[str, ...] = ()
     exit_timeout_s: int = 10
     process: subprocess.Popen[str] | None = field(default=None, init=False)
+    peer_secret: str = field(default="", init=False, repr=False)
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=60), init=False)
     _reader: threading.Thread | None = field(default=None, init=False)
 
@@ -191,9 +193,10 @@ class TritonServer:
         if self.process is not None:
             raise TritonError("server already started")
         remove_stale_shm_regions()
+        self.peer_secret = new_secret()  # the subservers' peer messages carry it; one per start
         self.process = subprocess.Popen(
             self.command(),
-            env={**server_env(self.install), SECRET_ENV: new_secret()},  # peer messages' secret, per start
+            env={**server_env(self.install), SECRET_ENV: self.peer_secret},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -260,6 +263,28 @@ class TritonServer:
                 return True
             time.sleep(0.2)
         return False
+
+    def end_in_flight(self, entry: str, reason: str) -> bool:
+        """Tell the entry subserver to end every request in flight with an error saying ``reason``
+        (an authenticated control call, see serving/peer_auth.py). Returns whether it was taken."""
+        import queue
+
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        payload = grpcclient.InferInput(PEER_INPUT, [1, 1], "BYTES")
+        payload.set_data_from_numpy(np.array([[b"[]"]], dtype=np.object_))
+        answers: queue.Queue = queue.Queue()
+        try:
+            with grpcclient.InferenceServerClient(self.grpc_url) as client:
+                client.start_stream(callback=lambda result, error: answers.put(error))
+                client.async_stream_infer(entry, [payload], enable_empty_final_response=True,
+                                          parameters=control_parameters(self.peer_secret, "shutdown", reason))
+                taken = answers.get(timeout=10) is None
+                client.stop_stream()
+                return taken
+        except Exception:  # noqa: BLE001 - the server may be gone already; stopping goes on
+            return False
 
     def model_state(self, model: str) -> str | None:
         """The repository index's state of ``model`` (READY, UNLOADING, UNAVAILABLE...), None if unknown."""

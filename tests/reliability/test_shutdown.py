@@ -57,12 +57,32 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
                 assert responses[-1]["finish_reason"].reshape(-1)[0] == b"length"
         rest, _ = launcher.communicate(timeout=120)
         assert launcher.returncode == 0, rest[-3000:]
-        assert "drained; stopping tritonserver" in rest
+        assert "tokenrouter serve: drained" in rest
         deadline = time.monotonic() + 10
         while any(_alive(pid) for pid in server_pids) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not any(_alive(pid) for pid in server_pids)
         assert not regions & set(SHM_DIR.glob(SHM_PATTERN)), "shared-memory regions left behind"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_requests_that_outlast_the_drain_timeout_end_with_a_clear_reason(tmp_path: Path) -> None:
+    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=1")
+    url = f"127.0.0.1:{ports.grpc}"
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            streams = [pool.submit(grpc_stream, url, grpc_inputs(text_input=PROMPTS[i], stream=True, max_tokens=1000,
+                                                                  random_seed=i), 120) for i in range(4)]
+            time.sleep(1.0)
+            launcher.send_signal(signal.SIGTERM)
+            for stream in streams:
+                with pytest.raises(InferenceServerException, match="shutting down; the request did not finish within 1 s"):
+                    stream.result(timeout=60)
+        rest, _ = launcher.communicate(timeout=120)
+        assert launcher.returncode == 0 and "drain timed out" in rest, rest[-3000:]
     finally:
         if launcher.poll() is None:
             launcher.kill()

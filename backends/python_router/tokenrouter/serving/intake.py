@@ -22,7 +22,7 @@ import numpy as np
 from ..runtime.messages import RequestSpec, decode_batch
 from ..runtime.request import RequestError
 from .bls_transport import PEER_INPUT
-from .peer_auth import carries_secret
+from .peer_auth import CONTROL_PARAMETER, REASON_PARAMETER, carries_secret, request_parameters
 from .responses import ResponseWriter, TritonSink
 
 log = logging.getLogger(__name__)
@@ -60,12 +60,22 @@ class SubserverIntake:
             self._reject(sender, f"internal error: {type(exc).__name__}: {exc}", self._pb.TritonError.INTERNAL)
 
     def _take_peer_messages(self, request: Any) -> None:
-        if not carries_secret(request, self._secret):
+        parameters = request_parameters(request)
+        if not carries_secret(parameters, self._secret):
             self._on_refused_peer_call()
             raise RequestError(f"'{PEER_INPUT}' is for this server's own models; refused")
+        if parameters.get(CONTROL_PARAMETER) == "shutdown":
+            self._end_all(str(parameters.get(REASON_PARAMETER) or "the server is shutting down"))
         payload = self._pb.get_input_tensor_by_name(request, PEER_INPUT).as_numpy().reshape(-1)[0]
         for message in decode_batch(payload):
             self._subserver.deliver(message)
+
+    def _end_all(self, reason: str) -> None:
+        """The launcher's drain ran out of time: every request this model answers ends with ``reason``
+        (those still queued for admission end as cancelled)."""
+        for rid in self._writer.live_requests():
+            self._subserver.fail(rid, reason)
+            self._subserver.cancel(rid)
 
     def _submit(self, request: Any, sender: Any) -> None:
         if not self._subserver.is_entry:

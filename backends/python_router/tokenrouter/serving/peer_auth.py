@@ -25,6 +25,8 @@ from typing import Any
 
 SECRET_ENV = "TOKENROUTER_PEER_SECRET"
 SECRET_PARAMETER = "tokenrouter_peer_secret"
+CONTROL_PARAMETER = "tokenrouter_control"
+REASON_PARAMETER = "tokenrouter_reason"
 
 
 def new_secret() -> str:
@@ -77,11 +79,22 @@ def peer_parameters(secret: str) -> dict[str, str]:
     return {SECRET_PARAMETER: secret}
 
 
-def carries_secret(request: Any, secret: str) -> bool:
-    """Whether a Triton request's parameters hold ``secret`` (compared in constant time)."""
+def control_parameters(secret: str, command: str, reason: str) -> dict[str, str]:
+    """Parameters of a control call from the launcher (which knows the secret it handed out).
+    ``shutdown``: end every request in flight with an error that says ``reason``."""
+    return {**peer_parameters(secret), CONTROL_PARAMETER: command, REASON_PARAMETER: reason}
+
+
+def request_parameters(request: Any) -> dict[str, Any]:
+    """A Triton request's parameters; {} when they cannot be read."""
     try:
         parameters = json.loads(request.parameters() or "{}")
     except Exception:  # noqa: BLE001 - unreadable parameters carry no secret: refuse, never fail open
-        return False
-    given = parameters.get(SECRET_PARAMETER) if isinstance(parameters, dict) else None
+        return {}
+    return parameters if isinstance(parameters, dict) else {}
+
+
+def carries_secret(parameters: dict[str, Any], secret: str) -> bool:
+    """Whether request parameters hold ``secret`` (compared in constant time)."""
+    given = parameters.get(SECRET_PARAMETER)
     return isinstance(given, str) and hmac.compare_digest(given.encode(), secret.encode())

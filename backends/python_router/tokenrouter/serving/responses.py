@@ -70,6 +70,11 @@ class ResponseWriter:
         with self._lock:
             self._senders[rid] = sender
 
+    def live_requests(self) -> list[str]:
+        """Requests whose final response is still to come."""
+        with self._lock:
+            return list(self._senders)
+
     def untrack(self, rid: str) -> None:
         with self._lock:
             self._senders.pop(rid, None)
