@@ -1,5 +1,8 @@
 """`tokenrouter serve`: run Triton with a TokenRouter model repository until Ctrl-C or SIGTERM.
 
+While it runs, a dead tritonserver or Python stub is restarted (supervisor.py); SIGTERM/Ctrl-C
+refuses new requests and drains those in flight (--drain-timeout) before stopping.
+
     tokenrouter serve                         the real Qwen2.5-Coder pair (fetched and converted once)
     tokenrouter serve --tiny                  a tiny random pair, ready in seconds
     tokenrouter serve --config my.yaml        any config, rendered to a repository first
@@ -18,6 +21,7 @@ from pathlib import Path
 from tokenrouter.config import ConfigError, TokenRouterConfig, load_config
 from tokenrouter.serving.repository import ENSEMBLE, read_repository, render_repository
 
+from .supervisor import Supervisor
 from .triton_server import (
     PROJECT_ROOT, ROUTER_BACKEND_MODEL, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
 )
@@ -109,6 +113,14 @@ def _raise_stop(signum: int, _frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
+def _entry_model(repository: Path) -> str | None:
+    """The entry subserver of a TokenRouter repository; None for any other repository."""
+    try:
+        return read_repository(repository).entry
+    except ConfigError:
+        return None
+
+
 def _ignore_stop_signals() -> None:
     """A second Ctrl-C must not cut the drain or the shutdown short."""
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -140,9 +152,12 @@ def run(args: argparse.Namespace) -> int:
               f"generate_stream), gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. "
               f"Ctrl-C stops.",
               file=sys.stderr)
-        code = server.process.wait()
-        print(f"tokenrouter serve: tritonserver exited with code {code}", file=sys.stderr)
-        return code or 0
+        supervisor = Supervisor(server, _entry_model(repository), args.ready_timeout,
+                                lambda line: print(f"tokenrouter serve: {line}", file=sys.stderr))
+        try:
+            supervisor.run_forever()
+        finally:
+            server = supervisor.server  # the one running now, for the drain and the stop below
     except _Stop as stop:
         print(f"tokenrouter serve: {stop}: refusing new requests, draining those in flight "
               f"(up to {args.drain_timeout:g} s)", file=sys.stderr)
@@ -150,10 +165,9 @@ def run(args: argparse.Namespace) -> int:
         if not server.drain(ENSEMBLE, args.drain_timeout):
             reason = f"the server is shutting down; the request did not finish within {args.drain_timeout:g} s"
             print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
-            try:
-                server.end_in_flight(read_repository(repository).entry, reason)
-            except ConfigError:  # not a TokenRouter repository: nothing of ours to end
-                pass
+            entry = _entry_model(repository)
+            if entry is not None:
+                server.end_in_flight(entry, reason)
             server.drain(ENSEMBLE, ENDING_GRACE_S)  # their errors reach the clients through the ensemble
         else:
             print("tokenrouter serve: drained", file=sys.stderr)

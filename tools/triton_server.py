@@ -243,6 +243,21 @@ class TritonServer:
             time.sleep(0.25)
         raise TritonError(f"tritonserver not ready after {timeout_s:.0f} s; last log lines:\n{self.log_tail()}")
 
+    def stubs(self) -> dict[str, int]:
+        """Model name -> pid of its Python-backend stub (tritonserver's children that run one)."""
+        found = {}
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if parent == self.process.pid and len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub"):
+                found[Path(argv[1].decode()).parts[-3]] = int(proc.name)  # <repo>/<model>/<version>/model.py
+        return found
+
     def drain(self, model: str, timeout_s: float) -> bool:
         """Stop admitting requests to ``model`` and wait up to ``timeout_s`` for its in-flight ones.
 
@@ -353,6 +368,15 @@ def remove_stale_shm_regions(min_age_s: float = 60.0) -> list[Path]:
         except OSError:
             pass
     return removed
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def _mapped_files() -> set[Path]:

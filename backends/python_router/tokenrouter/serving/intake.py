@@ -71,10 +71,9 @@ class SubserverIntake:
             self._subserver.deliver(message)
 
     def _end_all(self, reason: str) -> None:
-        """The launcher's drain ran out of time: every request this model answers ends with ``reason``
-        (those still queued for admission end as cancelled)."""
-        for rid in self._writer.live_requests():
-            self._subserver.fail(rid, reason)
+        """The launcher stops or restarts the server: every request this model answers ends now
+        with an error saying ``reason``, and the subserver drops it (freeing its KV everywhere)."""
+        for rid in self._writer.end_all(reason):
             self._subserver.cancel(rid)
 
     def _submit(self, request: Any, sender: Any) -> None:

@@ -70,10 +70,15 @@ class ResponseWriter:
         with self._lock:
             self._senders[rid] = sender
 
-    def live_requests(self) -> list[str]:
-        """Requests whose final response is still to come."""
+    def end_all(self, message: str) -> list[str]:
+        """Answer every request whose final response is still to come with error ``message``;
+        returns their ids (the caller makes the subserver drop them). Output the subserver still
+        emits for them afterwards finds a closed sender and is dropped."""
         with self._lock:
-            return list(self._senders)
+            live = list(self._senders.items())
+        for rid, sender in live:
+            self.error(rid, sender, message)
+        return [rid for rid, _ in live]
 
     def untrack(self, rid: str) -> None:
         with self._lock:
