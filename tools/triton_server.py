@@ -244,19 +244,8 @@ class TritonServer:
         raise TritonError(f"tritonserver not ready after {timeout_s:.0f} s; last log lines:\n{self.log_tail()}")
 
     def stubs(self) -> dict[str, int]:
-        """Model name -> pid of its Python-backend stub (tritonserver's children that run one)."""
-        found = {}
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if parent == self.process.pid and len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub"):
-                found[Path(argv[1].decode()).parts[-3]] = int(proc.name)  # <repo>/<model>/<version>/model.py
-        return found
+        """Model name -> pid of its Python-backend stub."""
+        return stub_pids(self.process.pid)
 
     def drain(self, model: str, timeout_s: float) -> bool:
         """Stop admitting requests to ``model`` and wait up to ``timeout_s`` for its in-flight ones.
@@ -368,6 +357,22 @@ def remove_stale_shm_regions(min_age_s: float = 60.0) -> list[Path]:
         except OSError:
             pass
     return removed
+
+
+def stub_pids(server_pid: int) -> dict[str, int]:
+    """Model name -> pid of its Python-backend stub, among the children of tritonserver ``server_pid``."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == server_pid and len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub"):
+            found[Path(argv[1].decode()).parts[-3]] = int(proc.name)  # <repo>/<model>/<version>/model.py
+    return found
 
 
 def process_alive(pid: int) -> bool:

@@ -11,21 +11,7 @@ from tritonclient.utils import InferenceServerException
 from e2e.clients import grpc_inputs, grpc_stream, http_generate, http_post
 from e2e.test_routing_server import MAX_MODEL_LEN, PROMPTS
 from tokenrouter.serving.input_limits import BYTES_PER_TOKEN_BOUND
-
-
-def _stub_pid(server, model: str) -> int:
-    """The Python stub process of ``model`` (its command line names the model's folder)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == server.process.pid and f"/{model}/1/model.py" in cmdline:
-            return int(proc.name)
-    raise AssertionError(f"no stub for {model}")
+from tokenrouter_tools.triton_server import stub_pids
 
 
 def _rss_mb(pid: int) -> float:
@@ -39,7 +25,7 @@ def test_a_20_mb_prompt_is_refused_at_once_without_growing_preprocessing(routing
     # over gRPC: Triton 2.51's own HTTP frontend dies (SIGSEGV) on a body of 4 MB or more before any
     # model sees it (docs/reliability.md); HTTP is checked with 2 MB below
     server = routing_server
-    pid = _stub_pid(server, "preprocessing")
+    pid = stub_pids(server.process.pid)["preprocessing"]
     http_generate(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 2})  # warm
     before = _rss_mb(pid)
     huge = "def f():\n    return 1\n" * (20 * 2**20 // 22)

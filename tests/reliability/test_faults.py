@@ -8,30 +8,22 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from tritonclient.utils import InferenceServerException
 
 from e2e.clients import grpc_inputs, grpc_stream, http_generate
 from e2e.test_routing_server import PROMPTS
-from e2e.test_serve import _launch
-from tokenrouter_tools.triton_server import TritonServer
+from e2e.test_serve import _children, _launch
+from tokenrouter_tools.triton_server import stub_pids
 
 RECOVERY_S = 240.0  # a fresh start of the tiny pair takes 20-60 s on this shared 2-core machine; the target is 30 s
 
 
 def _stubs(launcher_pid: int) -> dict[str, int]:
     """model -> stub pid of the tritonserver that the launcher runs now."""
-    server = next(p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == launcher_pid)
-    return TritonServer.stubs(type("Running", (), {"process": type("P", (), {"pid": int(server.name)})})())
-
-
-def _parent(proc: Path) -> int:
-    try:
-        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
+    server = next(int(pid) for pid in _children(launcher_pid))
+    return stub_pids(server)
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +34,14 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     yield launcher, ports, log
     launcher.send_signal(signal.SIGTERM)
     try:
-        launcher.communicate(timeout=60)
+        launcher.wait(timeout=60)
     except Exception:
         launcher.kill()
         launcher.wait()
 
 
-@pytest.mark.parametrize("model", ["llm", "slm", "postprocessing"])
+@pytest.mark.parametrize("model", ["llm", *(pytest.param(m, marks=pytest.mark.slow)  # the short suite kills one
+                                             for m in ("slm", "postprocessing", "preprocessing", "router"))])
 def test_a_killed_stub_fails_its_requests_and_the_server_serves_again(served, model):
     launcher, ports, log = served
     url = f"127.0.0.1:{ports.grpc}"

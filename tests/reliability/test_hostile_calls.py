@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import threading
 import time
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from e2e.clients import grpc_inputs, grpc_stream, http_generate, http_post
+from e2e.clients import grpc_inputs, http_generate, http_post
 from e2e.test_routing_server import PROMPTS, metrics, stream_ids, wait_for_idle_pools
 from tokenrouter.runtime.messages import PeerMessage, RequestSpec, encode_batch
 
@@ -23,7 +25,7 @@ def _direct_stream(url: str, model: str, inputs: list[grpcclient.InferInput]) ->
     """One request over the gRPC stream to ``model`` (not the ensemble); raises its error."""
     errors = []
     with grpcclient.InferenceServerClient(url) as client:
-        done = __import__("threading").Event()
+        done = threading.Event()
 
         def callback(result, error):
             if error is not None:
@@ -41,7 +43,7 @@ def _direct_stream(url: str, model: str, inputs: list[grpcclient.InferInput]) ->
 
 def _peer_input(messages: list[PeerMessage]) -> list[grpcclient.InferInput]:
     tensor = grpcclient.InferInput("peer_message", [1, 1], "BYTES")
-    tensor.set_data_from_numpy(__import__("numpy").array([[encode_batch(messages)]], dtype=object))
+    tensor.set_data_from_numpy(np.array([[encode_batch(messages)]], dtype=object))
     return [tensor]
 
 
