@@ -1,5 +1,8 @@
 """`tokenrouter serve`: run Triton with a TokenRouter model repository until Ctrl-C or SIGTERM.
 
+While it runs, a dead tritonserver or Python stub is restarted (supervisor.py); SIGTERM/Ctrl-C
+refuses new requests and drains those in flight (--drain-timeout) before stopping.
+
     tokenrouter serve                         the real Qwen2.5-Coder pair (fetched and converted once)
     tokenrouter serve --tiny                  a tiny random pair, ready in seconds
     tokenrouter serve --config my.yaml        any config, rendered to a repository first
@@ -18,6 +21,7 @@ from pathlib import Path
 from tokenrouter.config import ConfigError, TokenRouterConfig, load_config
 from tokenrouter.serving.repository import ENSEMBLE, read_repository, render_repository
 
+from .supervisor import Supervisor
 from .triton_server import (
     PROJECT_ROOT, ROUTER_BACKEND_MODEL, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
 )
@@ -27,6 +31,7 @@ DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "qwen2.5-coder.yaml"
 TINY_CONFIG = PROJECT_ROOT / "configs" / "tiny.yaml"
 TINY_FAMILY, TINY_SEED = "qwen3", 0
+ENDING_GRACE_S = 5.0  # after the drain timeout: for the requests' errors to reach their clients
 
 
 class _Stop(Exception):
@@ -40,9 +45,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-repository", metavar="DIR",
                         help="serve DIR as it is; with --config/--tiny: render into DIR "
                              "(default: model_repository/, or .runtime/repositories/<name> when rendering)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only); 0.0.0.0 opens the "
+                             "server to the network, which has no authentication of its own")
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                        help="on SIGTERM/Ctrl-C: seconds that requests in flight get to finish while new ones "
+                             "are refused; the rest then end with 'the server is shutting down' (default 30)")
     parser.add_argument("--ready-timeout", type=float, default=900.0, metavar="S",
                         help="seconds to wait for all models to load (default 900)")
     parser.add_argument("--triton-arg", action="append", default=[], metavar="ARG",
@@ -103,6 +114,20 @@ def _raise_stop(signum: int, _frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
+def _entry_model(repository: Path) -> str | None:
+    """The entry subserver of a TokenRouter repository; None for any other repository."""
+    try:
+        return read_repository(repository).entry
+    except ConfigError:
+        return None
+
+
+def _ignore_stop_signals() -> None:
+    """A second Ctrl-C must not cut the drain or the shutdown short."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         repository = prepare_repository(args)
@@ -119,26 +144,41 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C while models are fetched or converted
         return 130
     server = TritonServer(repository, backend_dir, install, Ports(args.http_port, args.grpc_port, args.metrics_port),
-                          log_sink=write_lines(sys.stderr), extra_args=tuple(args.triton_arg))
+                          host=args.host, log_sink=write_lines(sys.stderr), extra_args=tuple(args.triton_arg))
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         print(f"tokenrouter serve: {install.binary} with {repository}", file=sys.stderr)
         server.start().wait_ready(args.ready_timeout)
-        print(f"tokenrouter serve: ready. HTTP :{args.http_port} (POST /v2/models/{ENSEMBLE}/generate, "
-              f"generate_stream), gRPC :{args.grpc_port}, metrics :{args.metrics_port}/metrics. Ctrl-C stops.",
+        print(f"tokenrouter serve: ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{ENSEMBLE}/generate, "
+              f"generate_stream), gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. "
+              f"Ctrl-C stops.",
               file=sys.stderr)
-        code = server.process.wait()
-        print(f"tokenrouter serve: tritonserver exited with code {code}", file=sys.stderr)
-        return code or 0
+        supervisor = Supervisor(server, _entry_model(repository), args.ready_timeout,
+                                lambda line: print(f"tokenrouter serve: {line}", file=sys.stderr))
+        try:
+            supervisor.run_forever()
+        finally:
+            server = supervisor.server  # the one running now, for the drain and the stop below
     except _Stop as stop:
-        print(f"tokenrouter serve: {stop}: stopping tritonserver", file=sys.stderr)
+        print(f"tokenrouter serve: {stop}: refusing new requests, draining those in flight "
+              f"(up to {args.drain_timeout:g} s)", file=sys.stderr)
+        _ignore_stop_signals()
+        if not server.drain(ENSEMBLE, args.drain_timeout):
+            reason = f"the server is shutting down; the request did not finish within {args.drain_timeout:g} s"
+            print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
+            entry = _entry_model(repository)
+            if entry is not None:
+                server.end_in_flight(entry, reason)
+            server.drain(ENSEMBLE, ENDING_GRACE_S)  # their errors reach the clients through the ensemble
+        else:
+            print("tokenrouter serve: drained", file=sys.stderr)
+        print("tokenrouter serve: stopping tritonserver", file=sys.stderr)
         return 0
     except TritonError as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)
         return 1
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the shutdown short
-            signal.signal(sig, signal.SIG_IGN)
+        _ignore_stop_signals()
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
+from tokenrouter.serving.bls_transport import PEER_INPUT
+from tokenrouter.serving.peer_auth import SECRET_ENV, control_parameters, new_secret
+
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ROUTER_BACKEND_MODEL = PROJECT_ROOT / "backends" / "python_router" / "model.py"
 SYSTEM_TRITON_HOME = Path("/opt/tritonserver")
@@ -33,6 +38,17 @@ SYSTEM_TRITON_HOME = Path("/opt/tritonserver")
 
 class TritonError(RuntimeError):
     """The server could not be found, started or made ready; the message says why."""
+
+
+def check_numpy_for_wheel_stub() -> None:
+    """The nvidia-pytriton wheel's stub (Triton 2.51) was built with a pybind11 that reads numpy 1's
+    dtype layout: under numpy 2 every tensor it hands to Python is garbled (a BYTES input "hello"
+    arrives as copies of its first byte) and the stub aborts. tools/install.sh pins numpy 1.26."""
+    import numpy
+
+    if int(numpy.__version__.split(".")[0]) >= 2:
+        raise TritonError(f"the bundled tritonserver's Python stub needs numpy 1.x, found {numpy.__version__}: "
+                          "run tools/install.sh, or `pip install --no-deps numpy==1.26.4`")
 
 
 @dataclass(frozen=True)
@@ -104,6 +120,8 @@ def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> di
     interpreter's bin first, a virtual environment's pyvenv.cfg is honoured, so the stub sees
     the same site-packages (including .pth files of editable installs) as this process.
     """
+    if install.stub is not None:
+        check_numpy_for_wheel_stub()
     env = dict(os.environ if base is None else base)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     lib_dirs = [str(d) for d in install.lib_dirs]
@@ -152,6 +170,7 @@ class TritonServer:
     extra_args: tuple[str, ...] = ()
     exit_timeout_s: int = 10
     process: subprocess.Popen[str] | None = field(default=None, init=False)
+    peer_secret: str = field(default="", init=False, repr=False)
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=60), init=False)
     _reader: threading.Thread | None = field(default=None, init=False)
 
@@ -184,9 +203,11 @@ class TritonServer:
     def start(self) -> "TritonServer":
         if self.process is not None:
             raise TritonError("server already started")
+        remove_stale_shm_regions()
+        self.peer_secret = new_secret()  # the subservers' peer messages carry it; one per start
         self.process = subprocess.Popen(
             self.command(),
-            env=server_env(self.install),
+            env={**server_env(self.install), SECRET_ENV: self.peer_secret},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -233,8 +254,69 @@ class TritonServer:
             time.sleep(0.25)
         raise TritonError(f"tritonserver not ready after {timeout_s:.0f} s; last log lines:\n{self.log_tail()}")
 
+    def stubs(self) -> dict[str, int]:
+        """Model name -> pid of its Python-backend stub."""
+        return stub_pids(self.process.pid)
+
+    def drain(self, model: str, timeout_s: float) -> bool:
+        """Stop admitting requests to ``model`` and wait up to ``timeout_s`` for its in-flight ones.
+
+        Triton's own SIGTERM drain does not hold for an ensemble whose steps are new internal
+        requests (each streamed chunk goes to postprocessing, each handoff is a BLS call): those
+        are refused as soon as the server stops, so streams failed with "Server not ready". So
+        the model is unloaded first: Triton refuses new requests to it at once and finishes the
+        unload only when its last in-flight request is done, with every other model still up.
+        Returns True when it drained in time.
+        """
+        try:
+            self._post(f"/v2/repository/models/{model}/unload")
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.model_state(model) not in ("READY", "UNLOADING"):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def end_in_flight(self, entry: str, reason: str) -> bool:
+        """Tell the entry subserver to end every request in flight with an error saying ``reason``
+        (an authenticated control call, see serving/peer_auth.py). Returns whether it was taken."""
+        import queue
+
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        payload = grpcclient.InferInput(PEER_INPUT, [1, 1], "BYTES")
+        payload.set_data_from_numpy(np.array([[b"[]"]], dtype=np.object_))
+        answers: queue.Queue = queue.Queue()
+        try:
+            with grpcclient.InferenceServerClient(self.grpc_url) as client:
+                client.start_stream(callback=lambda result, error: answers.put(error))
+                client.async_stream_infer(entry, [payload], enable_empty_final_response=True,
+                                          parameters=control_parameters(self.peer_secret, "shutdown", reason))
+                taken = answers.get(timeout=10) is None
+                client.stop_stream()
+                return taken
+        except Exception:  # noqa: BLE001 - the server may be gone already; stopping goes on
+            return False
+
+    def model_state(self, model: str) -> str | None:
+        """The repository index's state of ``model`` (READY, UNLOADING, UNAVAILABLE...), None if unknown."""
+        try:
+            index = json.loads(self._post("/v2/repository/index"))
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            return None
+        return next((entry.get("state") for entry in index if entry.get("name") == model), None)
+
+    def _post(self, path: str) -> str:
+        request = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.read().decode()
+
     def stop(self, grace_s: float | None = None) -> int | None:
-        """SIGTERM (Triton drains in-flight requests), then SIGKILL whatever is left of the group."""
+        """SIGTERM (Triton drains in-flight requests), then SIGKILL whatever is left of the group
+        and remove the shared-memory regions that a killed server leaves behind."""
         if self.process is None:
             return None
         grace_s = self.exit_timeout_s + 5 if grace_s is None else grace_s
@@ -249,6 +331,7 @@ class TritonServer:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        remove_stale_shm_regions(min_age_s=0.0)
         self._join_reader()
         return self.process.returncode
 
@@ -261,6 +344,69 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+SHM_DIR = Path("/dev/shm")
+SHM_PATTERN = "triton_python_backend_shm_region_*"
+
+
+def remove_stale_shm_regions(min_age_s: float = 60.0) -> list[Path]:
+    """Remove the Python backend's shared-memory regions that no live process maps.
+
+    A server killed before it could clean up leaves them (hundreds of MB each, in RAM). A region
+    still mapped belongs to a live server, possibly another user's launch on this machine, and
+    stays; ``min_age_s`` spares one that a starting server has created but not mapped yet."""
+    regions = {path for path in SHM_DIR.glob(SHM_PATTERN) if time.time() - path.stat().st_mtime >= min_age_s}
+    if not regions:
+        return []
+    mapped = _mapped_files()
+    removed = []
+    for region in sorted(regions - mapped):
+        try:
+            region.unlink()
+            removed.append(region)
+        except OSError:
+            pass
+    return removed
+
+
+def stub_pids(server_pid: int) -> dict[str, int]:
+    """Model name -> pid of its Python-backend stub, among the children of tritonserver ``server_pid``."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == server_pid and len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub"):
+            found[Path(argv[1].decode()).parts[-3]] = int(proc.name)  # <repo>/<model>/<version>/model.py
+    return found
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _mapped_files() -> set[Path]:
+    mapped: set[Path] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            fields = line.split(maxsplit=5)  # address perms offset device inode [path]
+            if len(fields) == 6 and fields[5].startswith(str(SHM_DIR)):
+                mapped.add(Path(fields[5]))
+    return mapped
 
 
 # looked up here, not in the forked child, where taking the loader's lock could deadlock

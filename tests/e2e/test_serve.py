@@ -62,13 +62,19 @@ def _launch(*args: str) -> tuple[subprocess.Popen, Ports]:
 
 def _stop_and_check(launcher: subprocess.Popen, sig: signal.Signals, server_pids: list[int]) -> None:
     launcher.send_signal(sig)
-    rest, _ = launcher.communicate(timeout=60)
+    wait_stopped(launcher, server_pids)
+
+
+def wait_stopped(launcher: subprocess.Popen, server_pids: list[int], timeout_s: float = 60) -> str:
+    """After a stop signal: the launcher exits 0 and no server process outlives it; returns its output."""
+    rest, _ = launcher.communicate(timeout=timeout_s)
     assert launcher.returncode == 0, rest[-3000:]
     assert "stopping tritonserver" in rest
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in server_pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in server_pids)
+    return rest
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

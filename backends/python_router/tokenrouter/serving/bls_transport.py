@@ -2,8 +2,9 @@
 
 One sender thread per peer drains its queue and ships everything queued as one BLS request
 (``peer_message``), so the decoding loop never waits on Triton and a burst of handoffs costs one
-round trip. Calls are blocking ``exec`` from that thread: never from an event loop, never
-concurrent ``async_exec(decoupled=True)`` (see notes/triton.md).
+round trip. Every call carries this server start's secret (peer_auth.py). Calls are blocking
+``exec`` from that thread: never from an event loop, never concurrent
+``async_exec(decoupled=True)`` (see notes/triton.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from ..protocol import PeerMessage, encode_batch
 from ..runtime.transport import Transport
+from .peer_auth import peer_parameters
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +27,14 @@ PEER_INPUT = "peer_message"
 
 
 class BlsTransport(Transport):
-    def __init__(self, pb_utils: Any, *, batch_dim: bool, on_failure: Callable[[str, str], None],
+    def __init__(self, pb_utils: Any, secret: str, *, batch_dim: bool, on_failure: Callable[[str, str], None],
                  on_round_trip: Callable[[float], None] | None = None) -> None:
-        """``batch_dim``: the peers' configs have max_batch_size > 0 (inputs carry a batch dim).
+        """``secret``: this server start's peer secret; peers refuse messages without it.
+        ``batch_dim``: the peers' configs have max_batch_size > 0 (inputs carry a batch dim).
         ``on_failure(rid, error)`` is called for every request whose message could not be delivered,
         so it ends with an error instead of waiting forever for a peer that never heard of it."""
         self._pb = pb_utils
+        self._parameters = peer_parameters(secret)
         self._batch_dim = batch_dim
         self._on_failure = on_failure
         self._on_round_trip = on_round_trip
@@ -81,7 +85,8 @@ class BlsTransport(Transport):
         if self._batch_dim:
             payload = payload.reshape(1, 1)
         request = self._pb.InferenceRequest(model_name=peer, requested_output_names=[],
-                                            inputs=[self._pb.Tensor(PEER_INPUT, payload)])
+                                            inputs=[self._pb.Tensor(PEER_INPUT, payload)],
+                                            parameters=self._parameters)
         start = time.monotonic()
         error = None
         try:

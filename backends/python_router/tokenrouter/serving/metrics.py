@@ -44,6 +44,9 @@ class SubserverMetrics:
         self._busy = make("tokenrouter_busy_seconds_total", "Time spent in engine steps", family.COUNTER)
         self._handoff_rtt = make("tokenrouter_peer_send_seconds", "Round trip of one peer-message call",
                                  family.HISTOGRAM, buckets=HANDOFF_BUCKETS)
+        self._refused_peer_calls = make("tokenrouter_refused_peer_calls_total",
+                                        "Calls with a peer_message that lacked this server's secret (refused)",
+                                        family.COUNTER)
         self._entry = server.is_entry
         self._counter_kind = family.COUNTER
         if self._entry:
@@ -62,6 +65,9 @@ class SubserverMetrics:
 
     def observe_round_trip(self, seconds: float) -> None:
         self._handoff_rtt.observe(seconds)
+
+    def count_refused_peer_call(self) -> None:
+        self._refused_peer_calls.increment(1)
 
     def close(self) -> None:
         self._stop.set()

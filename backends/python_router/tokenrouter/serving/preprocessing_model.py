@@ -2,6 +2,9 @@
 
 Output shapes carry Triton's batch dimension of 1: input_ids [1, n], stop_ids [1, m] (each stop
 sequence followed by -1), end_id [1, k] (the client's end_id, else the model's end ids).
+
+Work before checks is bounded: text longer than a byte cap (input_limits.py) is refused before it
+is decoded or tokenized.
 """
 
 from __future__ import annotations
@@ -13,12 +16,15 @@ from typing import Any
 import numpy as np
 
 from ..runtime.request import validate_sampling
+from .input_limits import input_byte_cap
 from .python_model import RequestError, TokenizerModel, input_array
 
 
-def _text(value: Any, what: str) -> str:
+def _text(value: Any, what: str, max_bytes: int) -> str:
     if not isinstance(value, bytes):
         raise RequestError(f"{what} must be a string")
+    if len(value) > max_bytes:
+        raise RequestError(f"{what} is {len(value)} bytes; the limit is {max_bytes} (the context holds fewer tokens)")
     try:
         return value.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -48,6 +54,7 @@ class TritonPythonModel(TokenizerModel):
         super().initialize(args)
         self.vocab_size = len(self.codec.tokenizer)
         self.default_end_ids = self.codec.end_ids(generation_eos(self.tokenizer_path))
+        self.max_input_bytes = input_byte_cap(self.parameters, self.tokenizer_path)
 
     def respond(self, request: Any) -> dict[str, np.ndarray]:
         # The sampling inputs also reach preprocessing so that they are checked before any
@@ -57,7 +64,7 @@ class TritonPythonModel(TokenizerModel):
         texts = input_array(request, "text_input")
         if texts is None or texts.size == 0:
             raise RequestError("text_input is missing")
-        prompt = _text(texts.reshape(-1)[0], "text_input")
+        prompt = _text(texts.reshape(-1)[0], "text_input", self.max_input_bytes)
         if not prompt:
             raise RequestError("text_input is empty")
         stop_ids = self._flat_sequences(request, "stop_words")
@@ -80,5 +87,9 @@ class TritonPythonModel(TokenizerModel):
     def _flat_sequences(self, request: Any, name: str) -> list[int]:
         """A list of words as token sequences, flattened with -1 after each (the subserver's format)."""
         array = input_array(request, name)
-        words = [_text(word, f"each of {name}") for word in ([] if array is None else array.reshape(-1))]
+        raw = [] if array is None else array.reshape(-1)
+        total = sum(len(word) for word in raw if isinstance(word, bytes))
+        if total > self.max_input_bytes:
+            raise RequestError(f"{name} hold {total} bytes; the limit is {self.max_input_bytes}")
+        words = [_text(word, f"each of {name}", self.max_input_bytes) for word in raw]
         return [token for seq in self.codec.token_sequences(words) for token in (*seq, -1)]

@@ -31,7 +31,7 @@ def parse_bool(raw: str) -> bool:
 class TokenizerModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        self.parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        self.parameters = {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
         # args["model_repository"] is this model's folder; parameter paths are relative to its parent
         self.tokenizer_path = repository_path(self.parameters.get("tokenizer", ""), Path(args["model_repository"]).parent)
         if self.tokenizer_path is None:

@@ -244,13 +244,17 @@ def _shim(module: str) -> str:
     )
 
 
-def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template: bool) -> None:
+def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template: bool,
+                    max_model_len: int | None = None) -> None:
     """preprocessing, postprocessing and the `tokenrouter` ensemble in front of subserver ``entry``.
 
     ``tokenizer`` is written as given (relative paths are relative to the repository folder).
+    ``max_model_len`` (None: the model folder's limit) sizes preprocessing's byte cap on text;
+    parameter ``max_input_bytes`` overrides the cap.
     """
     pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS, outputs=PREPROCESSING_OUTPUTS,
-                       parameters={"tokenizer": tokenizer, "chat_template": chat_template})
+                       parameters={"tokenizer": tokenizer, "chat_template": chat_template,
+                                   "max_model_len": max_model_len, "max_input_bytes": None})
     write_model(repo_dir, pre, {"model.py": _shim("tokenrouter.serving.preprocessing_model")})
     # One instance: responses of a stream reach it in order, and it keeps that order.
     post = model_config(POSTPROCESSING, backend="python", inputs=POSTPROCESSING_INPUTS,
@@ -308,7 +312,7 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
         render_frontend(staging, entry=config.entry, tokenizer=paths.encode(config.tokenizer_path),
-                        chat_template=config.chat_template)
+                        chat_template=config.chat_template, max_model_len=config.max_model_len)
         for name, spec in config.models.items():
             sub = subserver_config(name, _spec_parameters(spec, paths), instance_kind=instance_kind, device=spec.device)
             write_model(staging, sub)

@@ -1,0 +1,73 @@
+"""Faults heal: a Python stub killed under load (SIGKILL) ends its requests with an error, and
+`tokenrouter serve` serves again by itself, without a manual restart."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from e2e.clients import grpc_inputs, grpc_stream, http_generate
+from e2e.test_routing_server import PROMPTS
+from e2e.test_serve import _children, _launch
+from tokenrouter_tools.triton_server import stub_pids
+
+RECOVERY_S = 240.0  # a fresh start of the tiny pair takes 20-60 s on this shared 2-core machine; the target is 30 s
+
+
+def _stubs(launcher_pid: int) -> dict[str, int]:
+    """model -> stub pid of the tritonserver that the launcher runs now."""
+    server = next(int(pid) for pid in _children(launcher_pid))
+    return stub_pids(server)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path_factory.mktemp("faults") / "repo"))
+    log: list[str] = []  # keep reading: a full pipe would block the launcher's log forwarding
+    threading.Thread(target=lambda: log.extend(launcher.stdout), daemon=True).start()
+    yield launcher, ports, log
+    launcher.send_signal(signal.SIGTERM)
+    try:
+        launcher.wait(timeout=60)
+    except Exception:
+        launcher.kill()
+        launcher.wait()
+
+
+@pytest.mark.parametrize("model", ["llm", *(pytest.param(m, marks=pytest.mark.slow)  # the short suite kills one
+                                             for m in ("slm", "postprocessing", "preprocessing", "router"))])
+def test_a_killed_stub_fails_its_requests_and_the_server_serves_again(served, model):
+    launcher, ports, log = served
+    url = f"127.0.0.1:{ports.grpc}"
+    before = _stubs(launcher.pid)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        streams = [pool.submit(grpc_stream, url, grpc_inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
+                                                              max_tokens=1000, random_seed=i), 120) for i in range(8)]
+        time.sleep(1.0)  # under load
+        os.kill(before[model], signal.SIGKILL)
+        killed_at = time.monotonic()
+        ended = []
+        for stream in streams:
+            with pytest.raises(InferenceServerException):
+                stream.result(timeout=60)
+            ended.append(time.monotonic() - killed_at)
+    assert any("restarting tritonserver" in line for line in log), "".join(log[-40:])
+    assert max(ended) < 10.0, f"requests ended {max(ended):.1f} s after the kill"
+    deadline = time.monotonic() + RECOVERY_S
+    while True:
+        try:
+            reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": PROMPTS[0], "max_tokens": 8})
+            break
+        except Exception:
+            assert time.monotonic() < deadline, "the server did not serve again:\n" + "".join(log[-40:])
+            time.sleep(1.0)
+    assert len(reply["output_ids"]) == 8
+    print(f"{model}: requests ended within {max(ended):.2f} s, serving again {time.monotonic() - killed_at:.1f} s "
+          f"after the kill")
+    assert _stubs(launcher.pid)[model] != before[model]

@@ -1,0 +1,232 @@
+"""Fuzz of the Triton glue's bookkeeping: every exception at every step of taking a request in.
+
+The property: whatever raises, and wherever, the request gets exactly one final answer, and its
+response sender is never polled for cancellation after that answer (polling a sender whose
+request Triton has freed is what crashed tritonserver with SIGSEGV). A fake pb_utils stands in
+for Triton here only because the property is about our own bookkeeping; the e2e tests send the
+same requests to a real server.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tokenrouter.runtime.messages import PeerMessage, encode_batch
+from tokenrouter.runtime.request import RequestError
+from tokenrouter.serving.intake import SubserverIntake
+from tokenrouter.serving.peer_auth import peer_parameters
+from tokenrouter.serving.responses import ResponseWriter
+
+FINAL = 1
+SECRET = "s3cret"
+EXCEPTIONS = [RequestError, ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError,
+              OverflowError, MemoryError, UnicodeDecodeError, Exception]
+
+
+def _instance(kind: type[BaseException]) -> BaseException:
+    if kind is UnicodeDecodeError:
+        return UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
+    return kind("injected")
+
+
+class Faults:
+    """Counts the glue's calls into Triton and its collaborators; raises at call number ``at``."""
+
+    def __init__(self, at: int, kind: type[BaseException]) -> None:
+        self.at, self.kind, self.calls, self.fired_in = at, kind, 0, None
+
+    def step(self, where: str) -> None:
+        self.calls += 1
+        if self.calls == self.at:
+            self.fired_in = where
+            raise _instance(self.kind)
+
+
+class FakeSender:
+    def __init__(self, faults: Faults) -> None:
+        self.faults, self.finals, self.polled_after_final, self.lock = faults, [], False, threading.Lock()
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        self.faults.step("sender.send")
+        with self.lock:
+            if self.finals:
+                raise RuntimeError("Unable to send response. Response sender has been closed.")
+            if flags & FINAL:
+                self.finals.append(response)
+
+    def is_cancelled(self) -> bool:
+        with self.lock:
+            self.polled_after_final |= bool(self.finals)
+        return False
+
+
+class FakeTensor:
+    def __init__(self, array: np.ndarray, faults: Faults) -> None:
+        self.array, self.faults = array, faults
+
+    def as_numpy(self) -> np.ndarray:
+        self.faults.step("as_numpy")
+        return self.array
+
+
+class FakeRequest:
+    def __init__(self, inputs: dict[str, np.ndarray], parameters: dict[str, str], faults: Faults) -> None:
+        self.inputs = {name: FakeTensor(array, faults) for name, array in inputs.items()}
+        self.sender = FakeSender(faults)
+        self._parameters, self.faults = parameters, faults
+
+    def get_response_sender(self) -> FakeSender:
+        self.faults.step("get_response_sender")
+        return self.sender
+
+    def parameters(self) -> str:
+        self.faults.step("parameters")
+        return json.dumps(self._parameters)
+
+
+def fake_pb(faults: Faults) -> SimpleNamespace:
+    class TritonError:
+        INVALID_ARG, INTERNAL = 3, 13
+
+        def __init__(self, message: str, code: int = 13) -> None:
+            self.message, self.code = message, code
+
+    def get_input_tensor_by_name(request: FakeRequest, name: str) -> FakeTensor | None:
+        faults.step(f"get_input_tensor_by_name({name})")
+        return request.inputs.get(name)
+
+    return SimpleNamespace(
+        TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL, TritonError=TritonError,
+        InferenceResponse=lambda output_tensors=None, error=None: SimpleNamespace(error=error),
+        Tensor=lambda name, array: (name, array), get_input_tensor_by_name=get_input_tensor_by_name)
+
+
+class FakeSubserver:
+    """Takes submissions and messages; answers an accepted submission when the test says so."""
+
+    name, entry, is_entry, index = "slm", "slm", True, 0
+    engine = SimpleNamespace(eos_token_ids={2}, num_used_blocks=0, vocab_size=1000)
+
+    def __init__(self, faults: Faults) -> None:
+        self.faults, self.sinks, self.delivered = faults, [], []
+
+    def submit(self, rid: str, prompt: list[int], spec: Any, sink: Any) -> None:
+        self.faults.step("subserver.submit")
+        self.sinks.append(sink)
+
+    def deliver(self, message: PeerMessage) -> None:
+        self.faults.step("subserver.deliver")
+        self.delivered.append(message)
+
+    def cancel(self, rid: str) -> None:
+        pass
+
+
+def client_request(faults: Faults) -> FakeRequest:
+    return FakeRequest({"input_ids": np.array([[5, 6, 7]], dtype=np.int32),
+                        "max_tokens": np.array([[4]], dtype=np.int32),
+                        "temperature": np.array([[0.0]], dtype=np.float32),
+                        "end_id": np.array([[2]], dtype=np.int32),
+                        "stop_ids": np.array([[9, -1]], dtype=np.int32),
+                        "stream": np.array([[True]])}, {}, faults)
+
+
+def peer_request(faults: Faults, secret: str = SECRET) -> FakeRequest:
+    payload = encode_batch([PeerMessage(kind="release", rid="slm-1", sender="llm")])
+    return FakeRequest({"peer_message": np.array([[payload]], dtype=np.object_)}, peer_parameters(secret), faults)
+
+
+def _run_once(make_request, at: int, kind: type[BaseException]) -> tuple[Faults, FakeRequest, FakeSubserver]:
+    faults = Faults(at, kind)
+    pb = fake_pb(faults)
+    subserver = FakeSubserver(faults)
+    writer = ResponseWriter(pb, subserver, batch_dim=True)
+    request = make_request(faults)
+    try:
+        SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
+        for sink in subserver.sinks:  # what the subserver owns, it answers later
+            sink.on_output([7], [0], "length")
+        deadline = time.monotonic() + 2
+        while writer._senders and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.06)  # three cancellation polls: a sender left tracked would be polled
+    finally:
+        writer.close()
+    assert not writer._senders, f"sender still tracked after a fault in {faults.fired_in}"
+    return faults, request, subserver
+
+
+@pytest.mark.parametrize("kind", EXCEPTIONS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("make_request", [client_request, peer_request], ids=["client", "peer"])
+def test_every_fault_at_every_step_answers_once_and_unregisters(make_request, kind) -> None:
+    steps = _run_once(make_request, 0, kind)[0].calls  # a clean run: how many steps there are
+    assert steps >= 4
+    for at in range(1, steps + 1):
+        faults, request, _ = _run_once(make_request, at, kind)
+        where = faults.fired_in
+        assert where is not None
+        sender = request.sender
+        assert not sender.polled_after_final, f"{kind.__name__} in {where}: sender polled after its final answer"
+        if where == "get_response_sender":
+            assert not sender.finals  # nothing to answer through; Triton ends the request
+            continue
+        assert len(sender.finals) == 1, f"{kind.__name__} in {where}: {len(sender.finals)} final answers"
+        error = sender.finals[0].error
+        assert error is not None, f"{kind.__name__} in {where}: answered without an error"
+        if where != "sender.send":  # a failed send is answered by whoever sent: intake or writer
+            # unreadable request parameters carry no secret: the peer call is refused as such
+            expected = error.INVALID_ARG if kind is RequestError or where == "parameters" else error.INTERNAL
+            assert error.code == expected, f"{kind.__name__} in {where}: code {error.code}"
+
+
+def test_a_clean_client_request_is_submitted_and_answered() -> None:
+    faults, request, subserver = _run_once(client_request, 0, RuntimeError)
+    assert len(subserver.sinks) == 1 and len(request.sender.finals) == 1
+    assert request.sender.finals[0].error is None
+
+
+def test_a_peer_message_with_the_secret_is_delivered() -> None:
+    _, request, subserver = _run_once(peer_request, 0, RuntimeError)
+    assert [m.kind for m in subserver.delivered] == ["release"]
+    assert request.sender.finals == [None]  # the acknowledgement: a bare FINAL
+
+
+@pytest.mark.parametrize("secret", ["", "guess", SECRET + "x"])
+def test_a_peer_message_without_the_secret_is_refused_counted_and_not_delivered(secret: str) -> None:
+    faults = Faults(0, RuntimeError)
+    pb = fake_pb(faults)
+    subserver = FakeSubserver(faults)
+    refused = []
+    writer = ResponseWriter(pb, subserver, batch_dim=True)
+    request = peer_request(faults, secret)
+    try:
+        SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET,
+                        on_refused_peer_call=lambda: refused.append(1)).execute([request])
+    finally:
+        writer.close()
+    assert not subserver.delivered and refused == [1]
+    error = request.sender.finals[0].error
+    assert error.code == error.INVALID_ARG and "refused" in error.message
+
+
+def test_a_client_request_to_a_model_that_is_not_the_entry_is_a_clear_invalid_arg() -> None:
+    faults = Faults(0, RuntimeError)
+    pb = fake_pb(faults)
+    subserver = FakeSubserver(faults)
+    subserver.name, subserver.is_entry = "llm", False
+    writer = ResponseWriter(pb, subserver, batch_dim=True)
+    request = client_request(faults)
+    try:
+        SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
+    finally:
+        writer.close()
+    error = request.sender.finals[0].error
+    assert error.code == error.INVALID_ARG and "not the entry model" in error.message
+    assert not writer._senders and not subserver.sinks

@@ -1,0 +1,129 @@
+"""Calls that used to crash or hijack the server: straight to the internal models, forged peer messages.
+
+Every one must end with a clear 4xx error on that call alone; the server stays up, other requests
+finish as if nothing happened, the refusal is counted, and both KV pools end idle.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from e2e.clients import grpc_inputs, http_generate, http_post
+from e2e.test_routing_server import PROMPTS, metrics, stream_ids, wait_for_idle_pools
+from tokenrouter.runtime.messages import PeerMessage, RequestSpec, encode_batch
+
+
+def _direct_stream(url: str, model: str, inputs: list[grpcclient.InferInput]) -> None:
+    """One request over the gRPC stream to ``model`` (not the ensemble); raises its error."""
+    errors = []
+    with grpcclient.InferenceServerClient(url) as client:
+        done = threading.Event()
+
+        def callback(result, error):
+            if error is not None:
+                errors.append(error)
+            if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+                done.set()
+
+        client.start_stream(callback=callback)
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        assert done.wait(60), f"no final response from {model}"
+        client.stop_stream()
+    if errors:
+        raise errors[0]
+
+
+def _peer_input(messages: list[PeerMessage]) -> list[grpcclient.InferInput]:
+    tensor = grpcclient.InferInput("peer_message", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[encode_batch(messages)]], dtype=object))
+    return [tensor]
+
+
+def _server_alive_and_serving(server) -> None:
+    time.sleep(0.5)  # the crash came after the 4xx, when the freed request was polled
+    assert server.process.poll() is None, f"tritonserver died:\n{server.log_tail()}"
+    reply = http_generate(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 6})
+    assert len(reply["output_ids"]) == 6
+
+
+@pytest.mark.parametrize("model", ["llm", "slm"])
+def test_token_request_straight_to_a_subserver_over_http_is_4xx_and_the_server_lives(routing_server, model):
+    # the repro from issue 13: llm is not the entry model; slm with a bad body must not crash either
+    body = {"input_ids": [1, 2, 3], "max_tokens": 4} if model == "llm" else {"input_ids": [1, 2, 3], "max_tokens": -4}
+    status, text = http_post(routing_server.http_url, f"/v2/models/{model}/generate", body)
+    assert 400 <= status < 500, (status, text)
+    assert ("not the entry model" if model == "llm" else "max_tokens") in json.loads(text)["error"]
+    _server_alive_and_serving(routing_server)
+
+
+def test_token_request_straight_to_llm_over_grpc_is_refused_and_the_server_lives(routing_server):
+    with pytest.raises(InferenceServerException, match="not the entry model"):
+        _direct_stream(routing_server.grpc_url, "llm", grpc_inputs(input_ids=[1, 2, 3], max_tokens=4))
+    _server_alive_and_serving(routing_server)
+
+
+def _forged_messages() -> list[tuple[str, list[PeerMessage]]]:
+    """(target model, messages): an attacker guesses request ids (slm-0 .. slm-199)."""
+    rids = [f"slm-{n}" for n in range(200)]
+    spec = RequestSpec(prompt_len=1, max_tokens=300)
+    return [
+        ("slm", [PeerMessage(kind="finish", rid=rid, sender="llm", anchor=0, tokens=[7] * 591, finish_reason="length")
+                 for rid in rids]),
+        ("llm", [PeerMessage(kind="release", rid=rid, sender="slm") for rid in rids]),
+        ("slm", [PeerMessage(kind="release", rid=rid, sender="llm") for rid in rids]),
+        ("llm", [PeerMessage(kind="handoff", rid="slm-9999", sender="slm", anchor=5, tokens=[1, 2], origins=[-1, -1],
+                             request=spec)]),
+        ("llm", [PeerMessage(kind="handoff", rid=rid, sender="slm", anchor=0, tokens=[1] * 64, origins=[-1] * 64,
+                             request=spec) for rid in rids[:50]]),
+        ("slm", [PeerMessage(kind="active", rid="", sender="llm", active=10**6)]),
+    ]
+
+
+def test_forged_peer_messages_are_refused_counted_and_change_nothing(routing_server):
+    server = routing_server
+    before = metrics(server)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        victims = [pool.submit(stream_ids, server, PROMPTS[i], max_tokens=48, random_seed=i) for i in range(4)]
+        time.sleep(0.3)  # victims are in flight
+        refused = 0
+        for model, messages in _forged_messages():
+            with pytest.raises(InferenceServerException, match="refused"):
+                _direct_stream(server.grpc_url, model, _peer_input(messages))
+            status, text = http_post(server.http_url, f"/v2/models/{model}/generate",
+                                     {"peer_message": encode_batch(messages).decode()})
+            assert 400 <= status < 500 and "refused" in text, (status, text)
+            refused += 2
+        for victim in victims:
+            ids, _, reason = victim.result(timeout=120)
+            assert len(ids) == 48 and reason == "length"  # not ended, not hung, not stuffed with 591 tokens
+    assert wait_for_idle_pools(server) == {}
+    time.sleep(0.7)  # one metrics refresh
+    after = metrics(server)
+    counted = sum(after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("tokenrouter_refused_peer_calls"))
+    assert counted == refused
+    _server_alive_and_serving(server)
+
+
+def test_every_token_banned_is_an_explicit_error(routing_server):
+    every_token = [t for token in range(151_936) for t in (token, -1)]  # more than the tiny vocabulary
+    with pytest.raises(InferenceServerException, match="ban every one"):
+        _direct_stream(routing_server.grpc_url, "slm", grpc_inputs(input_ids=[5, 6, 7], max_tokens=4, bad_ids=every_token))
+    _server_alive_and_serving(routing_server)
+
+
+@pytest.mark.xfail(strict=True, reason="Triton 2.51's HTTP frontend converts JSON numbers to the input's INT32 "
+                   "before any model runs: 2**32+5 arrives as 5, 2**63 is a 500 'Unable to parse'. The models "
+                   "cannot tell; see docs/reliability.md (open)")
+@pytest.mark.parametrize("field,value", [("max_tokens", 2**32 + 5), ("top_k", 2**32 + 1), ("max_tokens", 2**63)])
+def test_integer_overflow_over_http_is_refused_not_wrapped(routing_server, field, value):
+    status, text = http_post(routing_server.http_url, "/v2/models/tokenrouter/generate",
+                             {"text_input": PROMPTS[0], field: value} | ({} if field == "max_tokens" else {"max_tokens": 4}))
+    assert 400 <= status < 500, (status, text[:300])

@@ -1,0 +1,83 @@
+"""`tokenrouter serve` as a user runs it under SIGTERM: it listens on loopback only, lets the
+streams in flight finish, refuses new ones, and leaves no process or shared-memory region behind."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from e2e.clients import grpc_inputs, grpc_stream
+from e2e.test_routing_server import PROMPTS
+from e2e.test_serve import _descendants, _launch, wait_stopped
+from tokenrouter_tools.triton_server import SHM_DIR, SHM_PATTERN
+
+STREAMS = 16
+MAX_TOKENS = 48
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses (hex, as /proc/net/tcp writes them) with a socket listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    regions_before = set(SHM_DIR.glob(SHM_PATTERN))
+    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=60")
+    url = f"127.0.0.1:{ports.grpc}"
+    try:
+        server_pids = _descendants(launcher.pid)
+        assert _listening_addresses(ports.http) == {"0100007F"}  # 127.0.0.1 only, not 0.0.0.0
+        regions = set(SHM_DIR.glob(SHM_PATTERN)) - regions_before
+        assert regions, "the server's stubs should have shared-memory regions"
+        with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
+            streams = [pool.submit(grpc_stream, url, grpc_inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
+                                                                  max_tokens=MAX_TOKENS, random_seed=i), 120)
+                       for i in range(STREAMS)]
+            time.sleep(1.0)  # all in flight
+            assert not any(s.done() for s in streams), "streams finished before SIGTERM; make them longer"
+            launcher.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            with pytest.raises(InferenceServerException):  # admission is closed while draining
+                grpc_stream(url, grpc_inputs(text_input="x", max_tokens=2), 30)
+            for stream in streams:
+                responses = stream.result(timeout=120)
+                assert sum(r["output_ids"].size for r in responses) == MAX_TOKENS
+                assert responses[-1]["finish_reason"].reshape(-1)[0] == b"length"
+        assert "tokenrouter serve: drained" in wait_stopped(launcher, server_pids, 120)
+        assert not regions & set(SHM_DIR.glob(SHM_PATTERN)), "shared-memory regions left behind"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_requests_that_outlast_the_drain_timeout_end_with_a_clear_reason(tmp_path: Path) -> None:
+    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=1")
+    url = f"127.0.0.1:{ports.grpc}"
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            streams = [pool.submit(grpc_stream, url, grpc_inputs(text_input=PROMPTS[i], stream=True, max_tokens=1000,
+                                                                  random_seed=i), 120) for i in range(4)]
+            time.sleep(1.0)
+            launcher.send_signal(signal.SIGTERM)
+            for stream in streams:
+                with pytest.raises(InferenceServerException, match="shutting down; the request did not finish within 1 s"):
+                    stream.result(timeout=60)
+        rest, _ = launcher.communicate(timeout=120)
+        assert launcher.returncode == 0 and "drain timed out" in rest, rest[-3000:]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
