@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tokenrouter.runtime.messages import PeerMessage, encode_batch
+from tokenrouter.protocol import PeerMessage, encode_batch
 from tokenrouter.runtime.request import RequestError
 from tokenrouter.serving.intake import SubserverIntake
 from tokenrouter.serving.peer_auth import peer_parameters

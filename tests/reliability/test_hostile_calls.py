@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from e2e.clients import grpc_inputs, http_generate, http_post
 from e2e.test_routing_server import PROMPTS, metrics, stream_ids, wait_for_idle_pools
-from tokenrouter.runtime.messages import PeerMessage, RequestSpec, encode_batch
+from tokenrouter.protocol import PeerMessage, RequestSpec, encode_batch
 
 
 def _direct_stream(url: str, model: str, inputs: list[grpcclient.InferInput]) -> None:
