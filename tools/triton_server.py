@@ -316,10 +316,11 @@ class TritonServer:
 
     def stop(self, grace_s: float | None = None) -> int | None:
         """SIGTERM (Triton drains in-flight requests), then SIGKILL whatever is left of the group
-        and remove the shared-memory regions that a killed server leaves behind."""
+        and remove the shared-memory regions that it mapped (a killed server leaves them)."""
         if self.process is None:
             return None
         grace_s = self.exit_timeout_s + 5 if grace_s is None else grace_s
+        own_regions = self._shm_regions()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -331,9 +332,15 @@ class TritonServer:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        remove_stale_shm_regions(min_age_s=0.0)
+        for region in own_regions:  # Triton removes them on a clean exit, not when killed
+            region.unlink(missing_ok=True)
         self._join_reader()
         return self.process.returncode
+
+    def _shm_regions(self) -> set[Path]:
+        """The regions of this server and its stubs (only theirs: other servers on the machine
+        may be starting and must keep theirs)."""
+        return shm_regions_of([self.process.pid, *stub_pids(self.process.pid).values()])
 
     def _join_reader(self) -> None:
         if self._reader is not None:
@@ -350,13 +357,20 @@ SHM_DIR = Path("/dev/shm")
 SHM_PATTERN = "triton_python_backend_shm_region_*"
 
 
+def _age_s(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:  # removed meanwhile by its server
+        return 0.0
+
+
 def remove_stale_shm_regions(min_age_s: float = 60.0) -> list[Path]:
     """Remove the Python backend's shared-memory regions that no live process maps.
 
     A server killed before it could clean up leaves them (hundreds of MB each, in RAM). A region
     still mapped belongs to a live server, possibly another user's launch on this machine, and
     stays; ``min_age_s`` spares one that a starting server has created but not mapped yet."""
-    regions = {path for path in SHM_DIR.glob(SHM_PATTERN) if time.time() - path.stat().st_mtime >= min_age_s}
+    regions = {path for path in SHM_DIR.glob(SHM_PATTERN) if _age_s(path) >= min_age_s}
     if not regions:
         return []
     mapped = _mapped_files()
@@ -395,9 +409,16 @@ def process_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _mapped_files() -> set[Path]:
+def shm_regions_of(pids: list[int]) -> set[Path]:
+    """The Python-backend shared-memory regions that the processes ``pids`` map."""
+    return {region for region in _mapped_files(pids) if region.match(SHM_PATTERN)}
+
+
+def _mapped_files(pids: list[int] | None = None) -> set[Path]:
+    """Files under SHM_DIR that the processes ``pids`` (None: all) map."""
     mapped: set[Path] = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
+    paths = Path("/proc").glob("[0-9]*/maps") if pids is None else [Path(f"/proc/{pid}/maps") for pid in pids]
+    for maps in paths:
         try:
             text = maps.read_text()
         except OSError:

@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 from e2e.clients import grpc_inputs, grpc_stream
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _descendants, _launch, wait_stopped
-from tokenrouter_tools.triton_server import SHM_DIR, SHM_PATTERN
+from tokenrouter_tools.triton_server import SHM_DIR, SHM_PATTERN, shm_regions_of
 
 STREAMS = 16
 MAX_TOKENS = 48
@@ -33,13 +33,12 @@ def _listening_addresses(port: int) -> set[str]:
 
 
 def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    regions_before = set(SHM_DIR.glob(SHM_PATTERN))
     launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=60")
     url = f"127.0.0.1:{ports.grpc}"
     try:
         server_pids = _descendants(launcher.pid)
         assert _listening_addresses(ports.http) == {"0100007F"}  # 127.0.0.1 only, not 0.0.0.0
-        regions = set(SHM_DIR.glob(SHM_PATTERN)) - regions_before
+        regions = shm_regions_of(server_pids)  # only this server's: others may run on the machine
         assert regions, "the server's stubs should have shared-memory regions"
         with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
             streams = [pool.submit(grpc_stream, url, grpc_inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
