@@ -210,12 +210,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         from tokenrouter_engines.models import model_dirs
 
-        result = [run_worker(role, model_dirs()[role], args) for role in args.roles]
+        result = []
+        for role in args.roles:  # each model's results are kept as soon as its worker is done
+            result.append(run_worker(role, model_dirs()[role], args))
+            write_results(args.json, result)
         print(report_engines(result))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
+    write_results(args.json, result)
     return 0
+
+
+def write_results(path: Path | None, result: Any) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
 
 
 def run_worker(role: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
