@@ -60,3 +60,35 @@ def test_served_output_avoids_bad_words_and_matches_reference(tiny_config, mixed
                                               max_model_len=engine.max_model_len)
             assert result.token_ids == tokens
         assert [r.token_ids for r in results] != [r.token_ids for r in free]
+
+
+def test_a_position_where_every_token_is_banned_is_reported_not_sampled():
+    """Catches emitting a banned token (argmax of an all -inf row) when bad words leave nothing."""
+    vocab = 8
+    everything = [[2, v] for v in range(vocab)]  # after token 2, every continuation is banned
+    views = [_view(everything), _view([[5]])]  # both contexts end in token 2
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(1))
+    out = StepResult(seq_ids=[0, 1], sampled=logits.argmax(-1), logits=logits, positions=torch.tensor([2, 2]))
+    assert enforce_bad_words(views, out) == [0]
+    assert int(out.sampled[1]) != 5
+
+
+def test_the_core_ends_that_request_with_an_error_and_serves_the_rest():
+    """The request whose bad words ban every next token ends with a clear error; its batch-mate
+    commits its token as usual."""
+    from test_core import VOCAB, Sink, core, step
+
+    from tokenrouter.runtime.request import Submission
+
+    entry = core()
+    sinks = {}
+    for rid, bad in (("walled", [[3, v] for v in range(VOCAB)]), ("free", [])):
+        sinks[rid] = Sink()
+        spec = RequestSpec(prompt_len=3, max_tokens=4, end_ids=[0], bad_sequences=bad)
+        entry.submit(Submission(rid, [1, 2, 3], spec, sinks[rid], submitted_at=0.0), 0.0)
+    entry.tick(0.0)  # admission
+    step(entry, entry.schedule(0.0), [7, 7])
+    assert sinks["walled"].finish == "error" and "ban every possible next token" in sinks["walled"].error
+    assert sinks["walled"].tokens == []
+    assert sinks["free"].tokens == [7] and sinks["free"].finish is None
+    assert "walled" not in entry.requests

@@ -26,16 +26,23 @@ def banned_next_tokens(context: Sequence[int], bad_sequences: Sequence[Sequence[
     return banned
 
 
-def enforce_bad_words(views: Sequence[RequestState], out: StepResult) -> None:
-    """Mask banned next tokens in ``out.logits`` and resample the rows that hit one (in place)."""
+def enforce_bad_words(views: Sequence[RequestState], out: StepResult) -> list[int]:
+    """Mask banned next tokens in ``out.logits`` and resample the rows that hit one (in place).
+
+    Returns the rows whose bad words ban every token at this position: nothing can be sampled
+    there, and the caller ends those requests with an error rather than emit a banned token."""
     masks = [(row, banned_next_tokens(view.token_ids, view.spec.bad_sequences))
              for row, view in enumerate(views) if view.spec.bad_sequences]
     masks = [(row, banned) for row, banned in masks if banned]
     if not masks:
-        return
+        return []
     out.logits = out.logits.clone()  # engine outputs may be inference tensors
     for row, banned in masks:
         out.logits[row, banned] = float("-inf")
-    rows = [row for row, _ in masks]
+    exhausted = [row for row, _ in masks if bool(torch.isneginf(out.logits[row]).all())]
+    rows = [row for row, _ in masks if row not in exhausted]
+    if not rows:
+        return exhausted
     resampled = sample_tokens(out.logits[rows], [views[r].sampling for r in rows], [int(out.positions[r]) for r in rows])
     out.sampled[rows] = resampled.to(out.sampled.dtype)
+    return exhausted

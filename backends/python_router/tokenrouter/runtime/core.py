@@ -163,7 +163,14 @@ class SubserverCore:
         out = result if len(done) == len(batch.rows) else select_result_rows(result, done)
         out.sampled = out.sampled.clone()  # engine outputs may be inference tensors
         requests = [self.requests[batch.rows[i].seq_id] for i in done]
-        enforce_bad_words(requests, out)
+        exhausted = enforce_bad_words(requests, out)
+        if exhausted:
+            for i in exhausted:
+                self.finish(requests[i], "error", fx, "bad_words ban every possible next token at this position")
+            keep = [i for i in range(len(requests)) if i not in exhausted]
+            if not keep:
+                return fx
+            requests, out = [requests[i] for i in keep], select_result_rows(out, keep)
         for request, token in zip(requests, out.sampled.tolist()):
             request.sampled_token = token
         decisions, failures = route_rows(self.policy, requests, out)
