@@ -151,3 +151,21 @@ class Engine(abc.ABC):
 
     def close(self) -> None:
         """Free model memory. Default: nothing to do."""
+
+
+class LengthTable:
+    """Sequence queries answered from a table of cached lengths (``self._lengths``), for engines
+    whose KV pool lives elsewhere (inside vLLM, or in another process)."""
+
+    _lengths: dict[SeqId, int]
+
+    def has_sequence(self, seq_id: SeqId) -> bool:
+        return seq_id in self._lengths
+
+    def num_cached(self, seq_id: SeqId) -> int:
+        if seq_id not in self._lengths:
+            raise UnknownSequence(seq_id)
+        return self._lengths[seq_id]
+
+    def sequence_ids(self) -> list[SeqId]:
+        return list(self._lengths)

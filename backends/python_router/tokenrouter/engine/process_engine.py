@@ -25,14 +25,14 @@ from typing import Any, Sequence
 import torch
 
 from ..config import ModelSpec
-from .base import Engine, SeqId, StepResult, StepRow, UnknownSequence
+from .base import Engine, LengthTable, SeqId, StepResult, StepRow
 
 
 class EngineProcessError(RuntimeError):
     """The engine process failed to start or died."""
 
 
-class EngineProcess(Engine):
+class EngineProcess(LengthTable, Engine):
     def __init__(self, name: str, spec: ModelSpec) -> None:
         self.name = name
         parent, child = socket.socketpair()
@@ -89,17 +89,6 @@ class EngineProcess(Engine):
     def add_sequence(self, seq_id: SeqId) -> None:
         self._call("add_sequence", seq_id)
         self._lengths[seq_id] = 0
-
-    def has_sequence(self, seq_id: SeqId) -> bool:
-        return seq_id in self._lengths
-
-    def num_cached(self, seq_id: SeqId) -> int:
-        if seq_id not in self._lengths:
-            raise UnknownSequence(seq_id)
-        return self._lengths[seq_id]
-
-    def sequence_ids(self) -> list[SeqId]:
-        return list(self._lengths)
 
     def release(self, seq_id: SeqId) -> bool:
         if seq_id not in self._lengths:

@@ -31,14 +31,14 @@ from typing import Any, Sequence
 import torch
 
 from ..config import ModelSpec
-from .base import Engine, KVCacheExhausted, SeqId, StepResult, StepRow, UnknownSequence
+from .base import Engine, KVCacheExhausted, LengthTable, SeqId, StepResult, StepRow
 from .loader import eos_token_ids_of, generation_config_of
 from .pooled import check_rows, sampled_result
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(LengthTable, Engine):
     """One model on vLLM's engine core, stepped synchronously in this process."""
 
     def __init__(self, name: str, llm_engine: Any, *, eos_token_ids: frozenset[int]) -> None:
@@ -147,17 +147,6 @@ class VLLMEngine(Engine):
         # vLLM ids are ours, unique per engine lifetime: a released id never aliases a new sequence.
         self._request_ids[seq_id] = f"{self.name}-{self._next_id}"
         self._next_id += 1
-
-    def has_sequence(self, seq_id: SeqId) -> bool:
-        return seq_id in self._lengths
-
-    def num_cached(self, seq_id: SeqId) -> int:
-        if seq_id not in self._lengths:
-            raise UnknownSequence(seq_id)
-        return self._lengths[seq_id]
-
-    def sequence_ids(self) -> list[SeqId]:
-        return list(self._lengths)
 
     def release(self, seq_id: SeqId) -> bool:
         if seq_id not in self._lengths:
