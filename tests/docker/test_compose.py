@@ -48,8 +48,10 @@ def test_gpu_server_reserves_the_gpus_and_serves_a_gpu_config(compose: dict) -> 
         {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
     assert gpu["build"]["args"]["BASE_IMAGE"].endswith("-vllm-python-py3")
     command = gpu["command"]
-    assert command[:3] == ["tokenrouter", "serve", "--config"]
-    default_config = re.fullmatch(r"\$\{TOKENROUTER_GPU_CONFIG:-(.+)\}", command[3]).group(1)
+    # all interfaces inside the container: `serve` binds 127.0.0.1 unless told, and the published
+    # ports would reach nothing
+    assert command[:5] == ["tokenrouter", "serve", "--host", "0.0.0.0", "--config"]
+    default_config = re.fullmatch(r"\$\{TOKENROUTER_GPU_CONFIG:-(.+)\}", command[5]).group(1)
     assert (ROOT / default_config).is_file() and "gpu" in default_config
 
 
@@ -61,7 +63,7 @@ def test_cpu_server_has_no_gpu_and_builds_on_the_plain_image_with_cpu_torch(comp
     assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
     requirements = (ROOT / "requirements.txt").read_text().splitlines()
     assert set(args["BASE_PACKAGES"].split()) <= set(requirements)  # the CPU stack pinned as for CI
-    assert cpu["command"] == ["tokenrouter", "serve"]
+    assert cpu["command"] == ["tokenrouter", "serve", "--host", "0.0.0.0"]
 
 
 @pytest.mark.parametrize("service", SERVERS)
