@@ -50,6 +50,7 @@ class Subserver:
     name = property(lambda self: self.core.name)
     index = property(lambda self: self.core.index)
     models = property(lambda self: self.core.models)
+    entry = property(lambda self: self.core.entry)
     is_entry = property(lambda self: self.core.name == self.core.entry)
     stats = property(lambda self: self.core.stats)
     requests = property(lambda self: self.core.requests)
