@@ -17,7 +17,7 @@ from e2e.test_serve import _descendants, _launch, wait_stopped
 from tokenrouter_tools.triton_server import SHM_DIR, SHM_PATTERN, shm_regions_of
 
 STREAMS = 16
-MAX_TOKENS = 48
+MAX_TOKENS = 200  # long enough that no stream of the first wave ends within the 1 s before SIGTERM
 
 
 def _listening_addresses(port: int) -> set[str]:
@@ -51,9 +51,10 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
             with pytest.raises(InferenceServerException):  # admission is closed while draining
                 grpc_stream(url, grpc_inputs(text_input="x", max_tokens=2), 30)
             for stream in streams:
-                responses = stream.result(timeout=120)
-                assert sum(r["output_ids"].size for r in responses) == MAX_TOKENS
-                assert responses[-1]["finish_reason"].reshape(-1)[0] == b"length"
+                responses = stream.result(timeout=120)  # finished normally: not cut by the shutdown
+                reason = responses[-1]["finish_reason"].reshape(-1)[0]
+                produced = sum(r["output_ids"].size for r in responses)
+                assert (reason, produced) == (b"length", MAX_TOKENS) or (reason == b"eos" and produced < MAX_TOKENS)
         assert "tokenrouter serve: drained" in wait_stopped(launcher, server_pids, 120)
         assert not regions & set(SHM_DIR.glob(SHM_PATTERN)), "shared-memory regions left behind"
     finally:
