@@ -103,7 +103,8 @@ class EngineProcess(LengthTable, Engine):
             raise
         except BaseException:
             # The child releases the rows of a failed forward; mirror what it holds now.
-            self._lengths = {seq: n for seq, n in self._lengths.items() if self._call("has_sequence", seq)}
+            held = set(self._call("sequence_ids"))  # one round trip, not one per sequence
+            self._lengths = {seq: n for seq, n in self._lengths.items() if seq in held}
             raise
         if result.logits is None:  # the child put them in the shared buffer
             result.logits = self._logits.read(len(result.seq_ids))
