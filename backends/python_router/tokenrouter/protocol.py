@@ -35,6 +35,14 @@ class RequestSpec:
     end_ids: list[int] = field(default_factory=list)
     stop_sequences: list[list[int]] = field(default_factory=list)
     bad_sequences: list[list[int]] = field(default_factory=list)  # never emitted (see runtime/constraints.py)
+    # TensorRT-LLM's sampling inputs; every model of the route applies them, so routed output stays
+    # one function of (prompt, parameters, seed).
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0  # end ids are not sampled before this many output tokens
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)  # (token id, added to its logit)
+    return_log_probs: bool = False  # the client wants each output token's log probability
 
 
 @dataclass
