@@ -250,3 +250,54 @@ def test_router_model_answers_with_the_policy_it_carries(server, config):
     described = json.loads(json.loads(text)["outputs"][0]["data"][0])
     assert described["policy"] == config["policy"]["name"] and described["params"] == config["policy"]["params"]
     assert described["models"] == ["slm", "llm"] and described["entry"] == "slm"
+
+
+def trt_llm_metrics(server) -> dict[tuple[str, str, str], float]:
+    """nv_trt_llm_* samples keyed by (family, model, label value)."""
+    host = server.http_url.rsplit(":", 1)[0]
+    text = urllib.request.urlopen(f"http://{host}:{server.ports.metrics}/metrics", timeout=10).read().decode()
+    samples = {}
+    for family, labels, value in re.findall(r"^(nv_trt_llm_\w+)\{([^}]*)\} ([0-9.eE+-]+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        kind = next(v for k, v in labels.items() if k not in ("model", "version"))
+        samples[family, labels["model"], kind] = float(value)
+    return samples
+
+
+def test_tensorrt_llm_dashboard_metrics_follow_a_request(server, config):
+    """The nv_trt_llm_* families a TensorRT-LLM dashboard reads: the pool size and limits from the
+    config at rest, a held request and used blocks while a long stream decodes, and all back to
+    rest after it. Catches families that are not refreshed, swapped used/free, or wrong labels."""
+    kv_blocks = {name: spec["kv_cache_tokens"] // spec["block_size"] for name, spec in config["models"].items()}
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (stream_ids(server, PROMPTS[1], max_tokens=200, random_seed=3),
+                                              done.set()))
+    assert wait_for_idle_pools(server) == {}
+    rest = trt_llm_metrics(server)
+    worker.start()
+    busy = None
+    while not done.is_set():
+        sample = trt_llm_metrics(server)
+        for model, blocks in kv_blocks.items():
+            kv = {k: sample["nv_trt_llm_kv_cache_block_metrics", model, k] for k in ("max", "free", "used")}
+            assert kv["max"] == blocks and kv["used"] + kv["free"] == blocks, (model, kv)
+        if sample["nv_trt_llm_request_metrics", "slm", "active"] >= 1 and \
+                sample["nv_trt_llm_kv_cache_block_metrics", "slm", "used"] > 0:
+            busy = sample
+        time.sleep(0.1)
+    worker.join()
+    assert busy is not None, "the metrics never showed the running request"
+    assert wait_for_idle_pools(server) == {}
+    time.sleep(0.7)  # one refresh after the pools emptied
+    after = trt_llm_metrics(server)
+    for model, blocks in kv_blocks.items():
+        assert after["nv_trt_llm_kv_cache_block_metrics", model, "tokens_per"] == config["models"][model]["block_size"]
+        assert after["nv_trt_llm_kv_cache_block_metrics", model, "used"] == 0
+        assert after["nv_trt_llm_kv_cache_block_metrics", model, "fraction"] == 0
+        for kind in ("active", "scheduled", "context", "waiting"):
+            assert after["nv_trt_llm_request_metrics", model, kind] == 0, (model, kind)
+        assert after["nv_trt_llm_request_metrics", model, "max"] == config["scheduling"]["max_active"]
+        assert after["nv_trt_llm_inflight_batcher_metrics", model, "paused_requests"] == 0
+    steps = after["nv_trt_llm_general_metrics", "slm", "iteration_counter"] - \
+        rest["nv_trt_llm_general_metrics", "slm", "iteration_counter"]
+    assert steps > 0 and busy["nv_trt_llm_kv_cache_block_metrics", "slm", "fraction"] > 0

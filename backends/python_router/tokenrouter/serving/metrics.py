@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from ..runtime.subserver import Subserver
+from .trt_llm_metrics import TrtLlmMetrics
 
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
 HANDOFF_BUCKETS = [0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05]
@@ -56,6 +57,7 @@ class SubserverMetrics:
             self._make = make
             self._share = make("tokenrouter_large_model_token_share",
                                "Share of output tokens produced by models other than the entry", family.GAUGE)
+        self._trt_llm = TrtLlmMetrics(pb_utils, server)  # the same state under TensorRT-LLM's names
         self._seen = {"tokens": 0, "out": 0, "in": 0, "busy": 0.0, "wait": 0.0}
         self._seen_batches: Counter = Counter()
         self._seen_finished: Counter = Counter()
@@ -88,6 +90,7 @@ class SubserverMetrics:
         self._running.set(running)
         self._active.set(server.active)
         self._kv_used.set(server.engine.num_used_blocks)
+        self._trt_llm.update()
         for size, count in list(stats.batch_sizes.items()):
             for _ in range(count - self._seen_batches[size]):
                 self._batch.observe(size)
