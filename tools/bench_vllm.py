@@ -30,9 +30,10 @@ from tokenrouter.engine.factory import create_engine
 from tokenrouter.engine.process_engine import EngineProcess
 
 from .bench_engine import BATCH8_LENGTHS, BATCH1_LENGTH, RESUME_PREFIX, code_prompts, engine_generate, resume_cost
+from .paths import shipped_config
 
 BATCHES = {1: (BATCH1_LENGTH,), 8: BATCH8_LENGTHS, 16: BATCH8_LENGTHS + tuple(n + 8 for n in BATCH8_LENGTHS)}
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder.yaml"
+DEFAULT_CONFIG = shipped_config("qwen2.5-coder.yaml")
 
 
 # --- engines: adapter vs vLLM's own loop vs our torch engine ----------------------------------------

@@ -21,15 +21,16 @@ from pathlib import Path
 from tokenrouter.config import ConfigError, TokenRouterConfig, load_config
 from tokenrouter.serving.repository import ENSEMBLE, read_repository, render_repository
 
+from .paths import model_repository_dir, runtime_dir, shipped_config
 from .supervisor import Supervisor
 from .triton_server import (
-    PROJECT_ROOT, ROUTER_BACKEND_MODEL, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
+    ROUTER_BACKEND_MODEL, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
 )
 
-RUNTIME = PROJECT_ROOT / ".runtime"
-DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
-DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "qwen2.5-coder.yaml"
-TINY_CONFIG = PROJECT_ROOT / "configs" / "tiny.yaml"
+RUNTIME = runtime_dir()
+DEFAULT_REPOSITORY = model_repository_dir()
+DEFAULT_CONFIG = shipped_config("qwen2.5-coder.yaml")
+TINY_CONFIG = shipped_config("tiny.yaml")
 TINY_FAMILY, TINY_SEED = "qwen3", 0
 ENDING_GRACE_S = 5.0  # after the drain timeout: for the requests' errors to reach their clients
 
@@ -96,9 +97,10 @@ def prepare_repository(args: argparse.Namespace) -> Path:
     from tokenrouter_engines.models import ensure_real_pair
 
     config = _with_pair(DEFAULT_CONFIG, ensure_real_pair(progress=True))
-    if read_repository(DEFAULT_REPOSITORY).models == config.models:
+    if DEFAULT_REPOSITORY.is_dir() and read_repository(DEFAULT_REPOSITORY).models == config.models:
         return DEFAULT_REPOSITORY
-    # the models were installed elsewhere (TOKENROUTER_MODELS_DIR): point a rendering at them
+    # no repository here (an installed package run from another folder), or the models were
+    # installed elsewhere (TOKENROUTER_MODELS_DIR): point a rendering at them
     return _render(config, None, DEFAULT_CONFIG.stem)
 
 

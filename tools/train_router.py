@@ -26,14 +26,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tokenrouter.policies.networks import build_network, count_parameters, save_router
+from tokenrouter_engines.models import default_dest as models_dir
 
+from .paths import routers_dir
 from .router_data import confirm_divergence, corpus_files, make_corpus, position_index, stdlib_dir, teacher_force
 from .router_training import pick_threshold, roc_auc, split_by_chunk, train_network
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SMALL = REPO_ROOT / "engines" / "build" / "models" / "qwen2.5-coder-0.5b-instruct"
-DEFAULT_LARGE = REPO_ROOT / "engines" / "build" / "models" / "qwen2.5-coder-1.5b-instruct"
-DEFAULT_OUT = REPO_ROOT / "model_repository" / "router" / "1"
+DEFAULT_SMALL = models_dir() / "qwen2.5-coder-0.5b-instruct"
+DEFAULT_LARGE = models_dir() / "qwen2.5-coder-1.5b-instruct"
+DEFAULT_OUT = routers_dir()
 ALGORITHMS = ("r2r", "citer", "co_llm")
 LABELS = {
     "r2r": "small top-1 != large top-1 (teacher forced)",

@@ -30,9 +30,9 @@ from typing import Callable, TextIO
 from tokenrouter.serving.bls_transport import PEER_INPUT
 from tokenrouter.serving.peer_auth import SECRET_ENV, control_parameters, new_secret
 
+from .paths import backend_entry
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-ROUTER_BACKEND_MODEL = PROJECT_ROOT / "backends" / "python_router" / "model.py"
+ROUTER_BACKEND_MODEL = backend_entry()
 SYSTEM_TRITON_HOME = Path("/opt/tritonserver")
 
 

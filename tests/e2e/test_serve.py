@@ -44,13 +44,13 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _launch(*args: str) -> tuple[subprocess.Popen, Ports]:
+def _launch(*args: str, python: str = sys.executable, cwd: Path | None = None) -> tuple[subprocess.Popen, Ports]:
     """`tokenrouter serve ARGS` on free ports, returned once it says it is ready."""
     ports = Ports.free()
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "tokenrouter_tools.cli", "serve", *args, f"--http-port={ports.http}",
+        [python, "-m", "tokenrouter_tools.cli", "serve", *args, f"--http-port={ports.http}",
          f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}", "--triton-arg=--exit-timeout-secs=5"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
     lines: list[str] = []
     for line in launcher.stdout:  # forwarded server log, then the ready line
         lines.append(line)

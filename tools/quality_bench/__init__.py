@@ -16,14 +16,14 @@ from typing import Any
 
 from tokenrouter.config import load_config
 
+from ..paths import routers_dir, shipped_config
 from .humaneval import MODES, load_problems
 from .report import markdown_table, plot_frontier, read_json, summarize, write_json
 from .runner import PolicyRun, load_engines, run_setting, warm_up
 from .settings import PRESETS, parse_settings
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "qwen2.5-coder.yaml"
-DEFAULT_ROUTERS = PROJECT_ROOT / "model_repository" / "router" / "1"
+DEFAULT_CONFIG = shipped_config("qwen2.5-coder.yaml")
+DEFAULT_ROUTERS = routers_dir()
 # meta fields that must agree before runs from an earlier invocation are reused
 COMPARABLE = ("config", "mode", "max_tokens", "task_ids", "threads", "max_active")
 
