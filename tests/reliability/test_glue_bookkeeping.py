@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tokenrouter.protocol import PeerMessage, encode_batch
+from tokenrouter.runtime.admission import ServerBusy
 from tokenrouter.runtime.request import RequestError
 from tokenrouter.serving.intake import SubserverIntake
 from tokenrouter.serving.peer_auth import peer_parameters
@@ -26,7 +27,7 @@ from tokenrouter.serving.responses import ResponseWriter
 
 FINAL = 1
 SECRET = "s3cret"
-EXCEPTIONS = [RequestError, ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError,
+EXCEPTIONS = [RequestError, ServerBusy, ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError,
               OverflowError, MemoryError, UnicodeDecodeError, Exception]
 
 
@@ -93,7 +94,7 @@ class FakeRequest:
 
 def fake_pb(faults: Faults) -> SimpleNamespace:
     class TritonError:
-        INVALID_ARG, INTERNAL = 3, 13
+        INVALID_ARG, UNAVAILABLE, INTERNAL = 3, 14, 13
 
         def __init__(self, message: str, code: int = 13) -> None:
             self.message, self.code = message, code
@@ -182,7 +183,9 @@ def test_every_fault_at_every_step_answers_once_and_unregisters(make_request, ki
         assert error is not None, f"{kind.__name__} in {where}: answered without an error"
         if where != "sender.send":  # a failed send is answered by whoever sent: intake or writer
             # unreadable request parameters carry no secret: the peer call is refused as such
-            expected = error.INVALID_ARG if kind is RequestError or where == "parameters" else error.INTERNAL
+            # a full admission queue (ServerBusy) is UNAVAILABLE: the client may retry
+            expected = (error.INVALID_ARG if kind is RequestError or where == "parameters"
+                        else error.UNAVAILABLE if kind is ServerBusy else error.INTERNAL)
             assert error.code == expected, f"{kind.__name__} in {where}: code {error.code}"
 
 

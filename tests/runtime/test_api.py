@@ -9,7 +9,7 @@ from typing import Sequence
 
 import pytest
 
-from tokenrouter import TokenRoutingEngine
+from tokenrouter import ServerBusy, TokenRoutingEngine
 from tokenrouter.policies.base import RequestView, RoutingPolicy, StepOutput, register_policy, registered_policies
 from tokenrouter.runtime.api import GenerationError
 from tokenrouter.protocol import RequestSpec
@@ -104,6 +104,23 @@ def test_shutdown_ends_requests_in_flight(tiny_config):
     assert all(h.wait(10).finish_reason in ("error", "length", "eos") for h in handles)
     with pytest.raises(RuntimeError, match="shut down"):
         engine.submit([1], max_tokens=2)
+
+
+def test_a_full_queue_refuses_submit_and_generate_feeds_a_larger_batch_in(tiny_config):
+    """A submit past scheduling.max_queue raises ServerBusy at once while the admitted and queued
+    requests finish; generate() of a batch larger than the queue waits for its own requests
+    instead. Catches an unbounded queue, and a generate() that fails a big batch."""
+    config = tiny_config("slm_only", max_active=1)
+    config["scheduling"]["max_queue"] = 2
+    with TokenRoutingEngine.from_config(config) as engine:
+        handles = []
+        with pytest.raises(ServerBusy, match=r"requests queued \(max_queue 2\)"):
+            for _ in range(8):  # a burst: two wait (one may be admitted meanwhile), the next is refused
+                handles.append(engine.submit([3, 4, 5], max_tokens=200))
+        assert 2 <= len(handles) <= 3  # 3 when the loop admitted the first before the third came
+        assert all(h.wait(60).finish_reason in ("length", "eos") for h in handles)
+        results = engine.generate([[3, 4, 5]] * 7, max_tokens=4, timeout=60)
+        assert [r.finish_reason in ("length", "eos") for r in results] == [True] * 7
 
 
 class RoundRobin(RoutingPolicy):

@@ -12,6 +12,7 @@ import torch
 
 from tokenrouter.engine.base import StepResult
 from tokenrouter.protocol import PeerMessage, RequestSpec, RequestView, Route
+from tokenrouter.runtime.admission import ServerBusy
 from tokenrouter.runtime.core import Limits, SubserverCore
 from tokenrouter.runtime.effects import Batch, Emit, Release, Routed, Send
 from tokenrouter.runtime.request import RequestError, Submission
@@ -59,9 +60,11 @@ class Scripted:
 
 
 def core(name: str = "a", *, policy=None, threshold=lambda n: 1, capacities=None, max_batch_size=8,
-         max_prefill_tokens=64, max_wait_s=1.0, max_active=4, max_model_len=64) -> SubserverCore:
+         max_prefill_tokens=64, max_wait_s=1.0, max_active=4, max_model_len=64, max_queue=64, queue_timeout_s=0.0,
+         max_bypass=0) -> SubserverCore:
     limits = Limits(max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens, max_wait_s=max_wait_s,
-                    max_model_len=max_model_len, max_active=max_active)
+                    max_model_len=max_model_len, max_active=max_active, max_queue=max_queue,
+                    queue_timeout_s=queue_timeout_s, max_bypass=max_bypass)
     return SubserverCore(name, ["a", "b"], "a", policy or Scripted(), limits, threshold=threshold,
                          capacities=capacities if capacities is not None else {"a": (64, 4), "b": (64, 4)})
 
@@ -71,6 +74,7 @@ def submit(entry: SubserverCore, rid: str, prompt: Sequence[int] = (1, 2, 3), ma
     sink = Sink()
     spec = RequestSpec(prompt_len=len(prompt), max_tokens=max_tokens, end_ids=[0])
     entry.validate(list(prompt), spec, VOCAB)
+    entry.check_room()
     assert entry.submit(Submission(rid, list(prompt), spec, sink, submitted_at=now), now) == []
     return sink
 
@@ -181,6 +185,89 @@ def test_a_request_larger_than_a_pool_is_refused_at_submit():
     a = core(capacities={"a": (100, 4), "b": (2, 4)}, max_model_len=64)
     with pytest.raises(RequestError, match="model 'b' holds 8"):
         submit(a, "r0", max_tokens=10)
+
+
+def test_a_full_queue_refuses_the_next_request_at_once_and_counts_it():
+    """Rule: at most max_queue requests wait for admission (active ones do not count); one more is
+    refused at submit with 'server busy', and a place that frees up is taken again. Catches an
+    unbounded queue, a bound that counts active requests, and a refusal that is not counted."""
+    a = core(max_active=1, max_queue=2)
+    submit(a, "r0")
+    a.tick(0.0)  # r0 active; the queue is empty again
+    submit(a, "r1")
+    submit(a, "r2")
+    with pytest.raises(ServerBusy, match=r"server busy: 2 requests queued \(max_queue 2\)"):
+        submit(a, "r3")
+    assert a.queued == 2 and a.stats.refused_busy == 1 and list(a.requests) == ["r0"]
+    run(a.cancel("r1", 0.0))
+    submit(a, "r3")
+    with pytest.raises(ServerBusy):
+        a.check_room(in_transit=0)
+    assert a.stats.refused_busy == 2
+
+
+def test_submissions_not_yet_queued_count_against_the_bound():
+    """Rule: the loop's caller counts what it accepted but has not handed to the core yet.
+    Catches a bound that only the core's queue sees (a burst would overshoot it)."""
+    a = core(max_active=1, max_queue=3)
+    submit(a, "r0")  # queued: not admitted before a tick
+    a.check_room(in_transit=1)
+    with pytest.raises(ServerBusy, match="3 requests queued"):
+        a.check_room(in_transit=2)
+
+
+def test_a_request_waiting_past_the_queue_timeout_ends_with_an_error_and_holds_nothing():
+    """Rule: a request not admitted within queue_timeout_s ends with a 'server busy' error; it
+    held no KV or slot, so nothing is released and the next one is still admitted. Catches a
+    request that waits forever, and a timeout that also hits admitted requests."""
+    a = core(max_active=1, queue_timeout_s=5.0)
+    running = submit(a, "r0", max_tokens=10)
+    a.tick(0.0)
+    late = submit(a, "r1", now=1.0)
+    later = submit(a, "r2", now=3.0)
+    assert run(a.tick(6.0)) == [] and late.finish is None
+    effects = run(a.tick(6.5))
+    assert late.finish == "error" and "queue_timeout_s (5 s)" in late.error and "server busy" in late.error
+    assert [type(e) for e in effects] == [Emit] and a.queued == 1 and a.stats.queue_timeouts == 1
+    assert running.finish is None and list(a.requests) == ["r0"]  # the active one runs on
+    assert a.role.admission.reserved == {"a": 4, "b": 4}  # only r0's KV
+    run(a.cancel("r0", 7.0))
+    a.tick(7.0)
+    assert list(a.requests) == ["r2"] and later.finish is None
+
+
+def fit_first_core(max_bypass: int) -> SubserverCore:
+    """b's pool holds 10 blocks of 4; r0 (20 tokens, 5 blocks) runs; the head r1 needs 8 blocks
+    and does not fit; r2 and r3 behind it need 2 each and fit."""
+    a = core(capacities={"a": (100, 4), "b": (10, 4)}, max_bypass=max_bypass)
+    submit(a, "r0", max_tokens=17)
+    a.tick(0.0)
+    submit(a, "r1", max_tokens=29)
+    submit(a, "r2", max_tokens=5)
+    submit(a, "r3", max_tokens=5)
+    a.tick(0.0)
+    return a
+
+
+def test_a_request_that_fits_goes_ahead_of_a_head_that_does_not():
+    """Rule: fit-first admission: short requests whose KV fits start while a long head waits for
+    KV. Catches a FIFO head blocking everything behind it (the issue's probe)."""
+    a = fit_first_core(max_bypass=8)
+    assert list(a.requests) == ["r0", "r2", "r3"] and [s.rid for s in a.role.admission.waiting] == ["r1"]
+    assert a.role.admission.waiting[0].bypassed == 2
+
+
+def test_a_head_passed_max_bypass_times_gets_the_next_free_kv():
+    """Rule: no starvation: once max_bypass later requests started ahead of a waiting one, nothing
+    passes it any more, and the KV freed next goes to it. Catches fit-first without a bound (a
+    stream of short requests would keep a long one waiting forever); max_bypass 0 is strict FIFO."""
+    a = fit_first_core(max_bypass=1)
+    assert list(a.requests) == ["r0", "r2"] and [s.rid for s in a.role.admission.waiting] == ["r1", "r3"]
+    run(a.cancel("r0", 0.1))  # frees 5 blocks: r1 (8) fits with r2 (2); r3 does not fit after it
+    a.tick(0.1)
+    assert list(a.requests) == ["r2", "r1"] and [s.rid for s in a.role.admission.waiting] == ["r3"]
+    fifo = fit_first_core(max_bypass=0)
+    assert list(fifo.requests) == ["r0"] and fifo.queued == 3
 
 
 # --- chunked prefill budget ----------------------------------------------------------------------------

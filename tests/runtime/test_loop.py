@@ -13,6 +13,7 @@ import torch
 
 from tokenrouter.engine.base import StepResult
 from tokenrouter.protocol import RequestSpec
+from tokenrouter.runtime.admission import ServerBusy
 from tokenrouter.runtime.core import Limits, SubserverCore
 from tokenrouter.runtime.strategies import Strategy
 from tokenrouter.runtime.subserver import Subserver
@@ -64,8 +65,9 @@ class Sink:
             self.done.set()
 
 
-def entry(engine: CountingEngine) -> Subserver:
-    limits = Limits(max_batch_size=4, max_prefill_tokens=64, max_wait_s=0.01, max_model_len=64, max_active=4)
+def entry(engine: CountingEngine, max_queue: int = 64) -> Subserver:
+    limits = Limits(max_batch_size=4, max_prefill_tokens=64, max_wait_s=0.01, max_model_len=64, max_active=4,
+                    max_queue=max_queue, queue_timeout_s=0, max_bypass=0)
     core = SubserverCore("a", ["a", "b"], "a", Stay(), limits, capacities={"a": (64, 4), "b": (64, 4)})
     transport = InProcessTransport()
     transport.connect("b", lambda message: None)
@@ -121,3 +123,25 @@ def test_a_stopped_loop_is_not_alive_and_ends_requests_in_flight():
     server.submit("r0", [1], RequestSpec(prompt_len=1, max_tokens=60), sink)
     server.stop()
     assert not server.alive and sink.done.wait(5) and sink.finish in ("error", "length")
+
+
+def test_the_queue_bound_counts_submissions_the_loop_has_not_taken_yet():
+    """Rule: a burst faster than the loop cannot overshoot max_queue: what sits in the inbox counts.
+    The loop is not started, so everything stays in the inbox. Catches a bound read from the
+    core's queue alone (it is empty here, and every submission would be taken)."""
+    server = entry(CountingEngine(), max_queue=2)
+    spec = RequestSpec(prompt_len=3, max_tokens=4, end_ids=[0])
+    for rid in ("r0", "r1"):
+        server.submit(rid, [1, 2, 3], spec, Sink())
+    with pytest.raises(ServerBusy, match=r"2 requests queued \(max_queue 2\)"):
+        server.submit("r2", [1, 2, 3], spec, Sink())
+    assert server.queued == 2 and server.stats.refused_busy == 1
+    server.start()  # the loop takes both in and admits them: the queue has room again
+    try:
+        for _ in range(200):
+            if server.queued == 0:
+                break
+            threading.Event().wait(0.01)
+        server.submit("r2", [1, 2, 3], spec, Sink())
+    finally:
+        server.stop()

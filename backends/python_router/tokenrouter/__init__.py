@@ -6,11 +6,11 @@ parsing, the config validator) do not pay for importing torch and transformers.
 
 from typing import Any
 
-__all__ = ["TokenRoutingEngine", "GenerationResult", "load_config"]
+__all__ = ["TokenRoutingEngine", "GenerationResult", "ServerBusy", "load_config"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("TokenRoutingEngine", "GenerationResult", "GenerationChunk", "RequestHandle"):
+    if name in ("TokenRoutingEngine", "GenerationResult", "GenerationChunk", "RequestHandle", "ServerBusy"):
         from .runtime import api
 
         return getattr(api, name)

@@ -131,6 +131,15 @@ class SchedulingSpec(_Strict):
         20.0, ge=0, description="longest a runnable request waits for its batch threshold (no starvation)"
     )
     max_active: int = Field(16, ge=1, description="most requests active at once (N); more wait in the queue")
+    max_queue: int = Field(
+        256, ge=0, description="most requests waiting for admission; one more is refused at once as 'server busy'"
+    )
+    queue_timeout_s: float = Field(
+        0.0, ge=0, description="a request not admitted within this many seconds ends with an error (0: no limit)"
+    )
+    max_bypass: int = Field(
+        8, ge=0, description="how many later requests whose KV fits may start ahead of a waiting one (0: strict FIFO)"
+    )
 
 
 class TokenRouterConfig(_Strict):

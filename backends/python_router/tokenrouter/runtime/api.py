@@ -22,6 +22,7 @@ from ..engine.factory import create_engine
 from ..text import TextCodec
 from .assembly import build_policy, build_subserver, effective_max_model_len, make_auto_thresholds
 from ..protocol import RequestSpec
+from .admission import ServerBusy
 from .observers import StepLog
 from .request import RequestError
 from .strategies import make_strategy
@@ -138,7 +139,8 @@ class TokenRoutingEngine:
     # --- requests --------------------------------------------------------------------------------
     def submit(self, prompt: Prompt, *, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int = 0, stop: Sequence[str] = (), bad_words: Sequence[str] = ()) -> RequestHandle:
-        """Start one request; returns at once. Raises RequestError for bad input."""
+        """Start one request; returns at once. Raises RequestError for bad input and ServerBusy
+        when ``scheduling.max_queue`` requests already wait for admission."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
         prompt_ids = self._encode(prompt)
@@ -154,13 +156,24 @@ class TokenRoutingEngine:
     def generate(self, prompts: Prompt | Sequence[Prompt], *, max_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | Sequence[int] = 0, stop: Sequence[str] = (),
                  bad_words: Sequence[str] = (), timeout: float | None = None) -> list[GenerationResult]:
-        """Generate for every prompt concurrently; a request that fails has finish_reason 'error'."""
+        """Generate for every prompt concurrently; a request that fails has finish_reason 'error'.
+        A batch larger than the admission queue is fed in as its own earlier requests finish."""
         batch = [prompts] if _is_single(prompts) else list(prompts)
         seeds = [seed] * len(batch) if isinstance(seed, int) else list(seed)
         if len(seeds) != len(batch):
             raise ValueError(f"got {len(seeds)} seeds for {len(batch)} prompts")
-        handles = [self.submit(p, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                               seed=s, stop=stop, bad_words=bad_words) for p, s in zip(batch, seeds)]
+        handles: list[RequestHandle] = []
+        for p, s in zip(batch, seeds):
+            while True:
+                try:
+                    handles.append(self.submit(p, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                               top_k=top_k, seed=s, stop=stop, bad_words=bad_words))
+                    break
+                except ServerBusy:
+                    oldest = next((h for h in handles if not h.done), None)
+                    if oldest is None:  # the queue is full of other callers' requests
+                        raise
+                    oldest.wait(timeout)
         return [handle.wait(timeout) for handle in handles]
 
     async def stream(self, prompt: Prompt, **kwargs: Any) -> AsyncIterator[GenerationChunk]:

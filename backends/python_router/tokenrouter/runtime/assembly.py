@@ -54,9 +54,11 @@ def build_subserver(config: TokenRouterConfig, name: str, engine: Engine, policy
     """``auto``: the online threshold estimator all subservers of this process share; without
     one, a config asking for ``batch_threshold: auto`` gets an estimator per subserver."""
     spec = config.models[name]
+    scheduling = config.scheduling
     limits = Limits(max_batch_size=spec.max_batch_size, max_prefill_tokens=spec.max_prefill_tokens,
-                    max_wait_s=config.scheduling.max_wait_ms / 1000, max_model_len=max_model_len,
-                    max_active=config.scheduling.max_active)
+                    max_wait_s=scheduling.max_wait_ms / 1000, max_model_len=max_model_len,
+                    max_active=scheduling.max_active, max_queue=scheduling.max_queue,
+                    queue_timeout_s=scheduling.queue_timeout_s, max_bypass=scheduling.max_bypass)
     feeds = []
     if auto is not None:
         feeds.append(ThresholdFeed(auto))

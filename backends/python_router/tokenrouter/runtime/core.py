@@ -15,12 +15,13 @@ What differs between the entry model and a peer lives in ``roles.py``.
 from __future__ import annotations
 
 import logging
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..engine.base import StepResult, StepRow
 from ..protocol import PeerMessage, Policy, Route
+from .admission import QueueLimits
 from .batching import BatchLimits, batch_due, select_rows, wait_left
 from .constraints import enforce_bad_words
 from .effects import Batch, Effect, Release, Routed, Send
@@ -32,6 +33,7 @@ from .routing import route_rows, select_result_rows
 log = logging.getLogger(__name__)
 
 TOMBSTONE_TTL_S = 120.0  # late messages for a released request are ignored this long
+QUEUE_WAITS_KEPT = 4096  # admissions between two metric updates (0.5 s) before the oldest waits are lost
 
 
 @dataclass
@@ -44,14 +46,18 @@ class SubserverStats:
     output_by_model: Counter = field(default_factory=Counter)  # entry only: output tokens per model index
     batch_sizes: Counter = field(default_factory=Counter)
     queue_wait_s: float = 0.0  # entry only: total time requests waited for admission
+    # entry only: each admitted request's wait, for the metrics thread to take (it pops them);
+    # bounded, so nothing grows when no one reads them (the embedded API)
+    queue_waits: deque = field(default_factory=lambda: deque(maxlen=QUEUE_WAITS_KEPT))
+    queue_timeouts: int = 0  # entry only: requests that waited longer than queue_timeout_s
+    refused_busy: int = 0  # entry only: requests refused because the queue was full
     busy_s: float = 0.0  # time spent inside engine steps (the loop measures it)
     dropped_messages: Counter = field(default_factory=Counter)  # peer messages that did not fit, by reason
 
 
 @dataclass(frozen=True, kw_only=True)
-class Limits(BatchLimits):
+class Limits(BatchLimits, QueueLimits):
     max_model_len: int  # prompt + output cap
-    max_active: int  # requests active at once (entry admission)
 
 
 class SubserverCore:
@@ -77,6 +83,16 @@ class SubserverCore:
         """Raise RequestError for a request that cannot run; reads only fixed limits (any thread)."""
         self.role.validate(prompt_ids, spec, vocab_size)
 
+    def check_room(self, in_transit: int = 0) -> None:
+        """Raise ServerBusy when the admission queue is full (counting ``in_transit`` submissions
+        not queued yet). Reads only the queue's length: safe from another thread."""
+        self.role.check_room(in_transit)
+
+    @property
+    def queued(self) -> int:
+        """Submissions waiting for admission (any thread may read it)."""
+        return self.role.queued()
+
     def submit(self, submission: Submission, now: float) -> list[Effect]:
         self.now = now
         return self.role.submit(submission)
@@ -93,7 +109,8 @@ class SubserverCore:
         return fx
 
     def tick(self, now: float) -> list[Effect]:
-        """Admit what fits and forget old tombstones; call before every ``schedule``."""
+        """End submissions that waited too long, admit what fits and forget old tombstones; call
+        before every ``schedule``."""
         self.now = now
         self._prune_tombstones()
         return self.role.admit()

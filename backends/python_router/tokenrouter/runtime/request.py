@@ -100,6 +100,7 @@ class Submission:
     spec: RequestSpec
     sink: ClientSink
     submitted_at: float = 0.0  # on the submitting loop's clock
+    bypassed: int = 0  # later submissions admitted ahead of this one (admission bounds it)
 
 
 def validate_sampling(*, max_tokens: int, temperature: float, top_p: float, top_k: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..protocol import PeerMessage, RequestSpec
-from .admission import Admission
+from .admission import Admission, ServerBusy
 from .effects import Effect, Emit, Send
 from .emission import ClientOutputs
 from .handoff import suffix_message, suffix_problem
@@ -25,12 +25,22 @@ class EntryRole:
 
     def __init__(self, core: "SubserverCore", capacities: dict[str, tuple[int, int]]) -> None:
         self.core = core
-        self.admission = Admission(capacities, core.limits.max_active)
+        self.admission = Admission(capacities, core.limits)
         self.outputs = ClientOutputs(core.stats.output_by_model)
 
     def validate(self, prompt_ids: list[int], spec: RequestSpec, vocab_size: int) -> None:
         validate_submission(prompt_ids, spec, max_model_len=self.core.limits.max_model_len, vocab_size=vocab_size)
         self.admission.check_fits(len(prompt_ids), spec.max_tokens)
+
+    def check_room(self, in_transit: int) -> None:
+        try:
+            self.admission.check_room(in_transit)
+        except ServerBusy:
+            self.core.stats.refused_busy += 1
+            raise
+
+    def queued(self) -> int:
+        return len(self.admission.waiting)
 
     def submit(self, submission: Submission) -> list[Effect]:
         self.admission.waiting.append(submission)
@@ -40,9 +50,12 @@ class EntryRole:
         return self.admission.can_admit(self.core.active)
 
     def admit(self) -> list[Effect]:
-        core, fx = self.core, []
+        core = self.core
+        fx: list[Effect] = [self._time_out(s) for s in self.admission.expire(core.now)]
         while (submission := self.admission.admit_next(core.active)) is not None:
-            core.stats.queue_wait_s += max(0.0, core.now - submission.submitted_at)
+            waited = max(0.0, core.now - submission.submitted_at)
+            core.stats.queue_wait_s += waited
+            core.stats.queue_waits.append(waited)
             prompt = list(submission.prompt_ids)
             core.make_runnable(RequestState(rid=submission.rid, model=core.name, model_index=core.index, token_ids=prompt,
                                             prompt_len=len(prompt), origins=[], spec=submission.spec, here=True,
@@ -51,6 +64,15 @@ class EntryRole:
             core.active += 1
             self._broadcast_active(fx)
         return fx
+
+    def _time_out(self, submission: Submission) -> Effect:
+        """A submission that waited ``queue_timeout_s`` without being admitted ends here; it holds
+        no KV and no slot yet, so answering its client frees everything it had."""
+        stats, timeout = self.core.stats, self.core.limits.queue_timeout_s
+        stats.queue_timeouts += 1
+        stats.finished["error"] += 1
+        return Emit(submission.rid, submission.sink, [], [], "error",
+                    f"server busy: not admitted within queue_timeout_s ({timeout:g} s); retry later")
 
     def cancel(self, rid: str) -> list[Effect]:
         fx: list[Effect] = []
@@ -141,6 +163,12 @@ class PeerRole:
 
     def _not_entry(self) -> RuntimeError:
         return RuntimeError(f"'{self.core.name}' is not the entry model ('{self.core.entry}' is)")
+
+    def check_room(self, in_transit: int) -> None:
+        raise self._not_entry()
+
+    def queued(self) -> int:
+        return 0
 
     def can_admit(self) -> bool:
         return False

@@ -42,6 +42,8 @@ class Subserver:
         self.observers = list(observers)
         self.failure: str | None = None  # why the loop died, if it did
         self._inbox: queue.Queue = queue.Queue()
+        self._queue_lock = threading.Lock()  # guards the admission bound (see ``submit``)
+        self._submits_in_inbox = 0
         self._stopped = False
         self._thread: threading.Thread | None = None
         strategy.register(self.has_work)
@@ -56,6 +58,7 @@ class Subserver:
     requests = property(lambda self: self.core.requests)
     runnable = property(lambda self: self.core.runnable)
     active = property(lambda self: self.core.active)
+    queued = property(lambda self: self.core.queued + self._submits_in_inbox)  # waiting for admission
 
     @property
     def alive(self) -> bool:
@@ -88,10 +91,16 @@ class Subserver:
         self._put("message", message)
 
     def submit(self, rid: str, prompt_ids: list[int], spec: RequestSpec, sink: ClientSink) -> None:
-        """Queue a client request (entry only). Raises RequestError for bad input, at once."""
+        """Queue a client request (entry only). Raises at once RequestError for bad input and
+        ServerBusy when the admission queue is full."""
         if self.failure is not None:
             raise RuntimeError(f"subserver '{self.name}' is down: {self.failure}")
         self.core.validate(prompt_ids, spec, self.engine.vocab_size)
+        # The bound counts what is queued in the core plus what is still in the inbox; the loop
+        # moves a submission from one to the other under the same lock, so it holds exactly.
+        with self._queue_lock:
+            self.core.check_room(self._submits_in_inbox)
+            self._submits_in_inbox += 1
         self._put("submit", Submission(rid, list(prompt_ids), spec, sink, submitted_at=time.monotonic()))
 
     def cancel(self, rid: str) -> None:
@@ -152,7 +161,10 @@ class Subserver:
         if kind == "message":
             self._apply(self.core.on_message(payload, now))
         elif kind == "submit":
-            self._apply(self.core.submit(payload, now))
+            with self._queue_lock:
+                self._submits_in_inbox -= 1
+                effects = self.core.submit(payload, now)
+            self._apply(effects)
         elif kind == "cancel":
             self._apply(self.core.cancel(payload, now))
         elif kind == "fail":

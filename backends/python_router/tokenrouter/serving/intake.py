@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..protocol import RequestSpec, decode_batch
+from ..runtime.admission import ServerBusy
 from ..runtime.request import RequestError
 from .bls_transport import PEER_INPUT
 from .peer_auth import CONTROL_PARAMETER, REASON_PARAMETER, carries_secret, request_parameters
@@ -55,6 +56,8 @@ class SubserverIntake:
                 self._submit(request, sender)
         except RequestError as exc:
             self._reject(sender, str(exc), self._pb.TritonError.INVALID_ARG)
+        except ServerBusy as exc:  # the admission queue is full: the client may retry later
+            self._reject(sender, str(exc), self._pb.TritonError.UNAVAILABLE)
         except Exception as exc:  # noqa: BLE001 - a bug here must cost one request, never the server
             log.exception("%s: request failed in the Triton glue", self._subserver.name)
             self._reject(sender, f"internal error: {type(exc).__name__}: {exc}", self._pb.TritonError.INTERNAL)

@@ -15,6 +15,7 @@ from .trt_llm_metrics import TrtLlmMetrics
 
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
 HANDOFF_BUCKETS = [0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05]
+QUEUE_WAIT_BUCKETS = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60]
 
 
 class SubserverMetrics:
@@ -51,14 +52,13 @@ class SubserverMetrics:
         self._entry = server.is_entry
         self._counter_kind = family.COUNTER
         if self._entry:
-            self._queue_wait = make("tokenrouter_queue_wait_seconds_total", "Time requests waited for admission",
-                                    family.COUNTER)
             self._finished_by_reason: dict[str, Any] = {}
             self._make = make
             self._share = make("tokenrouter_large_model_token_share",
                                "Share of output tokens produced by models other than the entry", family.GAUGE)
+            self._admission = AdmissionMetrics(make, family, server)
         self._trt_llm = TrtLlmMetrics(pb_utils, server)  # the same state under TensorRT-LLM's names
-        self._seen = {"tokens": 0, "out": 0, "in": 0, "busy": 0.0, "wait": 0.0}
+        self._seen = {"tokens": 0, "out": 0, "in": 0, "busy": 0.0}
         self._seen_batches: Counter = Counter()
         self._seen_finished: Counter = Counter()
         self._stop = threading.Event()
@@ -96,7 +96,6 @@ class SubserverMetrics:
                 self._batch.observe(size)
             self._seen_batches[size] = count
         if self._entry:
-            self._add(self._queue_wait, "wait", stats.queue_wait_s)
             for reason, count in list(stats.finished.items()):
                 if reason not in self._finished_by_reason:
                     self._finished_by_reason[reason] = self._make(
@@ -104,6 +103,7 @@ class SubserverMetrics:
                         {"model": server.name, "reason": reason})
                 self._finished_by_reason[reason].increment(count - self._seen_finished[reason])
                 self._seen_finished[reason] = count
+            self._admission.update()
             produced = sum(stats.output_by_model.values())
             if produced:
                 self._share.set(1.0 - stats.output_by_model[server.index] / produced)
@@ -113,3 +113,32 @@ class SubserverMetrics:
         if delta > 0:
             metric.increment(delta)
             self._seen[key] = total
+
+
+class AdmissionMetrics:
+    """The entry's admission queue: depth, each admitted request's wait, busy refusals, timeouts."""
+
+    def __init__(self, make: Any, family: Any, server: Subserver) -> None:
+        self._server = server
+        self._depth = make("tokenrouter_queue_depth", "Requests waiting for admission", family.GAUGE)
+        self._wait = make("tokenrouter_queue_wait_seconds", "Time each admitted request waited for admission",
+                          family.HISTOGRAM, buckets=QUEUE_WAIT_BUCKETS)
+        self._refused = make("tokenrouter_refused_busy_total",
+                             "Requests refused at once because the admission queue was full (max_queue)",
+                             family.COUNTER)
+        self._timeouts = make("tokenrouter_queue_timeouts_total",
+                              "Requests that ended because they were not admitted within queue_timeout_s",
+                              family.COUNTER)
+        self._seen = {"refused": 0, "timeouts": 0}
+
+    def update(self) -> None:
+        server, stats = self._server, self._server.stats
+        self._depth.set(server.queued)
+        waits = stats.queue_waits
+        while waits:  # the loop appends, this thread pops: both ends of a deque are thread-safe
+            self._wait.observe(waits.popleft())
+        for key, metric, total in (("refused", self._refused, stats.refused_busy),
+                                   ("timeouts", self._timeouts, stats.queue_timeouts)):
+            if total > self._seen[key]:
+                metric.increment(total - self._seen[key])
+                self._seen[key] = total

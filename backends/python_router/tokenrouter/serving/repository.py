@@ -280,6 +280,9 @@ def _router_config(config: TokenRouterConfig, weights: str) -> mc.ModelConfig:
         "strategy": config.scheduling.strategy,
         "max_wait_ms": config.scheduling.max_wait_ms,
         "max_active": config.scheduling.max_active,
+        "max_queue": config.scheduling.max_queue,
+        "queue_timeout_s": config.scheduling.queue_timeout_s,
+        "max_bypass": config.scheduling.max_bypass,
         "max_model_len": config.max_model_len,
     }
     return model_config(ROUTER, backend=ROUTER_BACKEND, max_batch_size=0, outputs=("policy",), parameters=parameters)
@@ -416,6 +419,9 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
             "strategy": _require(router, "strategy", router_dir),
             "max_wait_ms": json_param("max_wait_ms"),
             "max_active": json_param("max_active"),
+            "max_queue": json_param("max_queue"),
+            "queue_timeout_s": json_param("queue_timeout_s"),
+            "max_bypass": json_param("max_bypass"),
         },
         # the default (the entry model's own tokenizer) reads back as the default
         "tokenizer": None if tokenizer == models.get(entry or next(iter(models), ""), {}).get("path") else tokenizer,
