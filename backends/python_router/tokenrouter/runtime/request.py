@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
+
+import numpy as np
 
 from ..engine.base import SamplingParams
 from ..protocol import RequestSpec, RequestView
@@ -38,9 +44,9 @@ class RequestState:
     def num_generated(self) -> int:
         return len(self.token_ids) - self.prompt_len
 
-    @property
+    @cached_property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.spec.temperature, self.spec.top_p, self.spec.top_k, self.spec.seed)
+        return SamplingParams.of_request(self.spec)  # the spec never changes
 
     def view(self) -> RequestView:
         """What a policy may see of this request (read-only; no copies of the context)."""
@@ -102,16 +108,61 @@ class Submission:
     submitted_at: float = 0.0  # on the submitting loop's clock
 
 
-def validate_sampling(*, max_tokens: int, temperature: float, top_p: float, top_k: int) -> None:
-    """Checks that need no model facts (the frontend runs them before tokenizing, too)."""
-    if max_tokens < 1:
+def validate_sampling(*, max_tokens: int, temperature: float, top_p: float, top_k: int,
+                      repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                      min_tokens: int = 0, logit_bias: Sequence[Sequence[Any]] = (), return_log_probs: bool = False,
+                      vocab_size: int | None = None) -> None:
+    """Checks that need no model facts but the vocabulary size, which bias ids need (the frontend
+    runs them before tokenizing, without it). Each error names its input.
+
+    ``top_p`` 0 is TensorRT-LLM's "unset" (no nucleus filter; greedy when ``top_k`` is 0 too).
+    ``min_tokens`` above ``max_tokens`` is allowed, as in TensorRT-LLM: the request then never
+    ends by an end id."""
+    if _integer(max_tokens, "max_tokens") < 1:
         raise RequestError(f"max_tokens must be >= 1, got {max_tokens}")
-    if not temperature >= 0:  # also refuses NaN
-        raise RequestError(f"temperature must be >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise RequestError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
+    if not _real(temperature, "temperature") >= 0 or math.isinf(temperature):  # `not >=` also refuses NaN
+        raise RequestError(f"temperature must be a finite number >= 0, got {temperature}")
+    if not 0 <= _real(top_p, "top_p") <= 1:
+        raise RequestError(f"top_p must be in [0, 1] (0: unset), got {top_p}")
+    if _integer(top_k, "top_k") < 0:
         raise RequestError(f"top_k must be >= 0, got {top_k}")
+    if not (math.isfinite(_real(repetition_penalty, "repetition_penalty")) and repetition_penalty > 0):
+        raise RequestError(f"repetition_penalty must be a finite number > 0 (1: off), got {repetition_penalty}")
+    for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+        if not math.isfinite(_real(value, name)):
+            raise RequestError(f"{name} must be a finite number (0: off), got {value}")
+    if _integer(min_tokens, "min_tokens") < 0:
+        raise RequestError(f"min_tokens must be >= 0, got {min_tokens}")
+    if not isinstance(return_log_probs, (bool, np.bool_)):
+        raise RequestError(f"return_log_probs must be a boolean, got {return_log_probs!r}")
+    _check_logit_bias(logit_bias, vocab_size)
+
+
+def _check_logit_bias(logit_bias: Sequence[Sequence[Any]], vocab_size: int | None) -> None:
+    """(token id, weight) pairs; a weight of -inf bans its token, +inf or NaN is refused."""
+    if isinstance(logit_bias, (str, bytes)) or not isinstance(logit_bias, Sequence):
+        raise RequestError(f"logit_bias must be a list of (token id, weight) pairs, got {logit_bias!r}")
+    for pair in logit_bias:
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise RequestError(f"logit_bias must be a list of (token id, weight) pairs, got the entry {pair!r}")
+        token = _integer(pair[0], "logit_bias token id")
+        weight = _real(pair[1], "logit_bias weight")
+        if vocab_size is not None and not 0 <= token < vocab_size:
+            raise RequestError(f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})")
+        if math.isnan(weight) or weight == math.inf:
+            raise RequestError(f"logit_bias weight for token {token} must be a number below +inf, got {weight}")
+
+
+def _real(value: Any, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise RequestError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(value: Any, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise RequestError(f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 def validate_submission(prompt_ids: list[int], spec: RequestSpec, *, max_model_len: int, vocab_size: int) -> None:
@@ -120,7 +171,10 @@ def validate_submission(prompt_ids: list[int], spec: RequestSpec, *, max_model_l
         raise RequestError("the prompt is empty")
     if any(not 0 <= t < vocab_size for t in prompt_ids):
         raise RequestError(f"prompt token ids must be in [0, {vocab_size})")
-    validate_sampling(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k)
+    validate_sampling(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+                      repetition_penalty=spec.repetition_penalty, presence_penalty=spec.presence_penalty,
+                      frequency_penalty=spec.frequency_penalty, min_tokens=spec.min_tokens, logit_bias=spec.logit_bias,
+                      return_log_probs=spec.return_log_probs, vocab_size=vocab_size)
     if len(prompt_ids) >= max_model_len:
         raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the limit is {max_model_len - 1}")
     if len(prompt_ids) + spec.max_tokens > max_model_len:
