@@ -36,6 +36,9 @@ class RequestState:
     state: dict[str, Any] = field(default_factory=dict)  # the policy's slot; travels with the request
     known: dict[str, int] = field(default_factory=dict)  # tokens each peer has seen (its anchor)
     sampled_token: int | None = None  # sampled in this step here; not committed yet
+    # Per committed output token when ``spec.return_log_probs`` (else empty), and the sampled token's.
+    logprobs: list[float] = field(default_factory=list)
+    sampled_logprob: float | None = None
     here: bool = False
     cached: int = 0  # context tokens this model's engine holds KV for
     ready_since: float = 0.0  # when it last became runnable here (the core's clock)
@@ -52,22 +55,37 @@ class RequestState:
         """What a policy may see of this request (read-only; no copies of the context)."""
         return RequestView(rid=self.rid, model=self.model, model_index=self.model_index, token_ids=self.token_ids,
                            prompt_len=self.prompt_len, origins=self.origins, spec=self.spec, state=self.state,
-                           known=self.known, sampled_token=self.sampled_token)
+                           known=self.known, sampled_token=self.sampled_token, logprobs=self.logprobs,
+                           sampled_logprob=self.sampled_logprob)
 
-    def commit(self, tokens: list[int], origins: list[int]) -> None:
+    def commit(self, tokens: list[int], origins: list[int], logprobs: list[float | None]) -> None:
         self.token_ids.extend(tokens)
         self.origins.extend(origins)
+        if self.spec.return_log_probs:
+            self.logprobs.extend(logprobs)
 
-    def apply_suffix(self, anchor: int, tokens: list[int], origins: list[int]) -> int:
+    def apply_suffix(self, anchor: int, tokens: list[int], origins: list[int], logprobs: list[float | None]) -> int:
         """Make the context ``context[:anchor] + tokens`` (a peer's newer view); returns how many
-        tokens it grew by. ``origins`` is aligned with ``tokens`` (-1 for prompt positions)."""
+        tokens it grew by. ``origins`` and ``logprobs`` are aligned with ``tokens`` (prompt
+        positions: origin -1, log probability None)."""
         old_len = len(self.token_ids)
         if anchor > old_len:
             raise ValueError(f"request {self.rid}: anchor {anchor} is past the known context ({old_len})")
         self.token_ids[anchor:] = tokens
-        generated = [origin for k, origin in enumerate(origins) if anchor + k >= self.prompt_len]
-        self.origins[max(0, anchor - self.prompt_len):] = generated
+        first_output = max(0, self.prompt_len - anchor)  # index in ``tokens`` of the first output position
+        self.origins[max(0, anchor - self.prompt_len):] = origins[first_output:]
+        if self.spec.return_log_probs:
+            if len(logprobs) != len(tokens):
+                raise ValueError(f"request {self.rid}: {len(logprobs)} log probabilities for {len(tokens)} tokens")
+            self.logprobs[max(0, anchor - self.prompt_len):] = logprobs[first_output:]
         return len(self.token_ids) - old_len
+
+    def client_logprobs(self, count: int) -> list[float] | None:
+        """The log probabilities of the last ``count`` output tokens for the client's sink (None
+        when the request did not ask for them)."""
+        if not self.spec.return_log_probs:
+            return None
+        return self.logprobs[len(self.logprobs) - count:]
 
     def finish_reason(self, max_model_len: int) -> str | None:
         """Why the request is done after its last commit, or None to go on."""
@@ -91,10 +109,13 @@ class ClientSink(Protocol):
     Called once per group of newly committed tokens; the call that ends the request carries its
     ``finish_reason`` (and ``error``) together with its last tokens, so a streaming frontend can
     mark its last data response final. ``tokens`` may be empty only on that last call.
+    ``logprobs`` is parallel to ``tokens`` when the request's ``return_log_probs`` is set, else
+    None: each token's log probability at the model that sampled it
+    (``engine.sampling.sampled_log_prob``: TensorRT-LLM's ``output_log_probs``).
     """
 
     def on_output(self, tokens: list[int], origins: list[int], finish_reason: str | None = None,
-                  error: str | None = None) -> None: ...
+                  error: str | None = None, logprobs: list[float] | None = None) -> None: ...
 
 
 @dataclass
