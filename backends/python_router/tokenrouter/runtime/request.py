@@ -103,6 +103,11 @@ class RequestState:
         return None
 
 
+def no_tokens_logprobs(spec: RequestSpec) -> list[float] | None:
+    """What a sink's ``logprobs`` is with an output of no tokens (a finish alone)."""
+    return [] if spec.return_log_probs else None
+
+
 class ClientSink(Protocol):
     """Receives one request's output on the entry model's loop thread; must not block.
 

@@ -14,7 +14,7 @@ from .admission import Admission
 from .effects import Effect, Emit, Send
 from .emission import ClientOutputs
 from .handoff import suffix_message, suffix_problem
-from .request import RequestState, Submission, validate_submission
+from .request import RequestState, Submission, no_tokens_logprobs, validate_submission
 
 if TYPE_CHECKING:
     from .core import SubserverCore
@@ -57,7 +57,7 @@ class EntryRole:
         waiting = self.admission.withdraw(rid)
         if waiting is not None:
             self.core.stats.finished["cancelled"] += 1
-            return [Emit(rid, waiting.sink, [], [], "cancelled", logprobs=[] if waiting.spec.return_log_probs else None)]
+            return [Emit(rid, waiting.sink, [], [], "cancelled", logprobs=no_tokens_logprobs(waiting.spec))]
         if rid in self.core.requests:
             self._finalize(rid, "cancelled", None, False, fx)
         return fx  # unknown or already over: nothing to do
@@ -84,9 +84,7 @@ class EntryRole:
         everywhere, let the next one in."""
         core = self.core
         if not notified:
-            request = core.requests.get(rid)
-            fx += self.outputs.emit(rid, [], [], reason, error,
-                                    logprobs=[] if request is not None and request.spec.return_log_probs else None)
+            fx += self.outputs.emit(rid, [], [], reason, error, logprobs=no_tokens_logprobs(core.requests[rid].spec))
         self.outputs.close(rid)
         core.stats.finished[reason] += 1
         core.drop(rid, fx)
@@ -125,7 +123,7 @@ class EntryRole:
         return None
 
     def shutdown(self, reason: str) -> list[Effect]:
-        fx: list[Effect] = [Emit(s.rid, s.sink, [], [], "error", reason, [] if s.spec.return_log_probs else None)
+        fx: list[Effect] = [Emit(s.rid, s.sink, [], [], "error", reason, no_tokens_logprobs(s.spec))
                             for s in self.admission.drain()]
         for rid in list(self.core.requests):
             self._finalize(rid, "error", reason, False, fx)
