@@ -197,7 +197,7 @@ BAD_INPUTS = [
     ({"text_input": "x", "max_tokens": 0}, "max_tokens"),
     ({"text_input": "x", "max_tokens": 10**6}, "context"),
     ({"text_input": "x", "temperature": -0.5}, "temperature"),
-    ({"text_input": "x", "top_p": 0.0}, "top_p"),
+    ({"text_input": "x", "top_p": -0.5}, "top_p"),  # 0 is TensorRT-LLM's "unset", accepted
     ({"text_input": "x", "top_p": 1.5}, "top_p"),
     ({"text_input": "x", "top_k": -3}, "top_k"),
 ]

@@ -205,6 +205,22 @@ def test_span_sampling_arguments(sampling: SamplingParams, expected: dict) -> No
     FakeSamplingParams(**arguments)  # every keyword exists in TensorRT-LLM's SamplingParams
 
 
+def test_span_sampling_arguments_carry_the_logit_processing() -> None:
+    """Penalties pass through; bias and the min_tokens ban of the end ids become one embedding
+    bias, on a span cut where min_tokens is reached (the next span has no ban)."""
+    sampling = SamplingParams(temperature=0.5, repetition_penalty=1.2, frequency_penalty=0.3, min_tokens=6,
+                              prompt_len=4, end_ids=(2, 0), logit_bias=((7, 1.5),))
+    early = span_sampling_arguments(sampling, 12, generated=2, vocab_size=16)
+    assert early["repetition_penalty"] == 1.2 and early["frequency_penalty"] == 0.3
+    assert "presence_penalty" not in early and early["max_tokens"] == 4
+    expected = torch.zeros(16)
+    expected[7], expected[[0, 2]] = 1.5, float("-inf")
+    assert torch.equal(early["embedding_bias"], expected)
+    late = span_sampling_arguments(sampling, 12, generated=6, vocab_size=16)
+    assert late["max_tokens"] == 12 and late["embedding_bias"][[0, 2]].tolist() == [0.0, 0.0]
+    FakeSamplingParams(**early)
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda:1"])
 def test_devices_the_llm_api_cannot_honour_are_refused(fake_tensorrt_llm, tiny_pair, device: str) -> None:
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):

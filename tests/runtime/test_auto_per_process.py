@@ -34,7 +34,7 @@ class Done:
         self.finished = 0
         self.errors: list[str] = []
 
-    def on_output(self, tokens, origins, finish_reason=None, error=None) -> None:
+    def on_output(self, tokens, origins, finish_reason=None, error=None, logprobs=None) -> None:
         self.finished += finish_reason is not None
         if error is not None:
             self.errors.append(error)

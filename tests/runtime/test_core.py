@@ -29,7 +29,7 @@ class Sink:
         self.finish: str | None = None
         self.error: str | None = None
 
-    def on_output(self, tokens, origins, finish_reason=None, error=None) -> None:
+    def on_output(self, tokens, origins, finish_reason=None, error=None, logprobs=None) -> None:
         self.tokens += tokens
         self.origins += origins
         self.finish, self.error = finish_reason, error

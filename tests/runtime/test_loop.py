@@ -58,7 +58,7 @@ class Sink:
         self.tokens: list[int] = []
         self.finish = self.error = None
 
-    def on_output(self, tokens, origins, finish_reason=None, error=None) -> None:
+    def on_output(self, tokens, origins, finish_reason=None, error=None, logprobs=None) -> None:
         self.tokens += tokens
         if finish_reason is not None:
             self.finish, self.error = finish_reason, error

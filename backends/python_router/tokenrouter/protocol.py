@@ -68,6 +68,9 @@ class PeerMessage:
     anchor: int = 0
     tokens: list[int] = field(default_factory=list)
     origins: list[int] = field(default_factory=list)  # model index per token in ``tokens``; -1 = prompt
+    # Parallel to ``tokens`` when the request returns log probabilities (None at prompt positions),
+    # else empty: each output token's log probability at the model that sampled it.
+    logprobs: list[float | None] = field(default_factory=list)
     request: RequestSpec | None = None  # present on the first visit to a model
     state: dict[str, Any] = field(default_factory=dict)  # policy extras, JSON-serializable
     keep_sampled: bool = False
@@ -151,11 +154,14 @@ class RequestView:
     state: Mapping[str, Any] = field(default_factory=dict)  # policy-owned; travels with the request
     known: Mapping[str, int] = field(default_factory=dict)  # tokens each peer has seen (its anchor)
     sampled_token: int | None = None  # sampled in this step at ``model``; not committed yet
+    # Per committed output token when ``spec.return_log_probs`` (else empty), and the sampled token's.
+    logprobs: Sequence[float] = ()
+    sampled_logprob: float | None = None
 
     def __post_init__(self) -> None:
         # Exact type checks on purpose: isinstance against the collections ABCs costs more than
         # the rest of a view, and the runtime builds one for every row of every step.
-        for name in ("token_ids", "origins"):
+        for name in ("token_ids", "origins", "logprobs"):
             value = getattr(self, name)
             if type(value) is not ReadOnlyTokens:
                 object.__setattr__(self, name, ReadOnlyTokens(value))
@@ -178,9 +184,13 @@ class RequestView:
             tokens.append(self.sampled_token)
             origins.append(self.model_index)
         anchor = self.known.get(peer, 0)
+        logprobs: list[float | None] = []
+        if self.spec.return_log_probs:
+            logprobs = [None] * self.prompt_len + list(self.logprobs) + ([self.sampled_logprob] if keep else [])
         return PeerMessage(kind="handoff", rid=self.rid, sender=self.model, anchor=anchor, tokens=tokens[anchor:],
                            origins=origins[anchor:], request=self.spec if anchor == 0 else None,
-                           state=dict(self.state if state is None else state), keep_sampled=keep)
+                           state=dict(self.state if state is None else state), keep_sampled=keep,
+                           logprobs=logprobs[anchor:])
 
 
 @dataclass(frozen=True)

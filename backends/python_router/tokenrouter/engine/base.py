@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import TYPE_CHECKING, Hashable, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from ..protocol import RequestSpec
 
 SeqId = Hashable
 
@@ -31,16 +34,49 @@ class SamplingParams:
 
     Sampling is reproducible: the random draw for the token at context position p depends only
     on (seed, p), never on batch composition or on how many draws happened before.
+
+    ``top_p == 0`` reads as TensorRT-LLM reads it: "unset", i.e. no nucleus filter when
+    ``top_k > 0`` and greedy when ``top_k == 0`` too.
+
+    The fields after ``seed`` are TensorRT-LLM's logit processing, applied to the logits before
+    temperature, top-k and top-p (``engine/logit_processing.py`` says on which tokens).
     """
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
     seed: int = 0
+    repetition_penalty: float = 1.0  # 1 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0  # ``end_ids`` are masked while fewer output tokens than this exist
+    prompt_len: int = 0  # where output starts in the context (min_tokens counts output tokens)
+    end_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids unique
+
+    @classmethod
+    def of_request(cls, spec: "RequestSpec") -> "SamplingParams":
+        """The sampling of a request (``tokenrouter.protocol.RequestSpec``); duplicate bias ids add up."""
+        bias: dict[int, float] = {}
+        for token, weight in spec.logit_bias:
+            bias[int(token)] = bias.get(int(token), 0.0) + float(weight)
+        return cls(spec.temperature, spec.top_p, spec.top_k, spec.seed, spec.repetition_penalty,
+                   spec.presence_penalty, spec.frequency_penalty, spec.min_tokens, spec.prompt_len,
+                   tuple(spec.end_ids), tuple(bias.items()))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature == 0.0 or (self.top_p == 0.0 and self.top_k == 0)
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether a penalty needs the occurrence counts of the context's tokens."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether anything changes the model's logits before sampling."""
+        return self.counts_tokens or self.min_tokens > 0 or bool(self.logit_bias)
 
 
 @dataclass(frozen=True)
@@ -60,7 +96,9 @@ class StepRow:
 class StepResult:
     """Per-row outputs of one step, in the order of the rows given to ``Engine.step``.
 
-    ``logits`` are float32 next-token logits at each row's last position. ``hidden`` is the final
+    ``logits`` are float32 next-token logits at each row's last position, after the row's logit
+    processing (bias, penalties, min_tokens: the logits the token was sampled from; the model's own
+    logits for a row that asks for none). Top-k, too, is of these. ``hidden`` is the final
     (post-norm) hidden state at that position, present when the step asked for it. ``topk_*`` hold
     the top-k logits when asked (k = ``top_logits`` of the step call).
     """

@@ -10,6 +10,7 @@ import torch
 
 from .base import Engine, SeqId, StepResult, StepRow, UnknownSequence
 from .kv_pool import BlockPool
+from .logit_processing import ContextCounts, needs_processing, process_logits
 from .sampling import sample_tokens
 
 
@@ -46,8 +47,12 @@ def check_rows(rows: Sequence[StepRow], *, top_logits: int, vocab_size: int, max
 
 
 def sampled_result(rows: Sequence[StepRow], logits: torch.Tensor, positions: Sequence[int], top_logits: int,
-                   hidden: torch.Tensor | None = None) -> StepResult:
-    """Sample each row from its next-token logits [B, V] (on their device) and return CPU tensors."""
+                   hidden: torch.Tensor | None = None, *, counts: ContextCounts) -> StepResult:
+    """Process each row's next-token logits [B, V] (on their device; ``counts`` holds the engine's
+    context counts and learns the rows' new tokens), sample each row and return CPU tensors."""
+    if needs_processing([row.sampling for row in rows]):
+        counts.record(rows, positions, logits.shape[-1], logits.device)
+        logits = process_logits(logits, rows, positions, counts)
     result = StepResult(
         seq_ids=[row.seq_id for row in rows],
         sampled=sample_tokens(logits, [row.sampling for row in rows], positions).cpu(),
@@ -66,6 +71,7 @@ class PooledEngine(Engine):
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self._pool = BlockPool(num_blocks, block_size)
+        self._context_counts = ContextCounts()  # for penalties (see logit_processing.py)
 
     @property
     def block_size(self) -> int:
@@ -92,6 +98,7 @@ class PooledEngine(Engine):
         return self._pool.sequence_ids()
 
     def release(self, seq_id: SeqId) -> bool:
+        self._context_counts.forget(seq_id)
         return self._pool.free(seq_id)
 
     def release_all(self) -> None:

@@ -22,12 +22,13 @@ def draw_seed(seed: int, position: int) -> int:
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, then top-p (nucleus) on one row; filtered entries become -inf."""
+    """Temperature, then top-k, then top-p (nucleus) on one row; filtered entries become -inf.
+    ``top_p`` 0 or 1 filters nothing (0 is TensorRT-LLM's "unset")."""
     scaled = logits.float() / params.temperature
     if 0 < params.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, params.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if params.top_p < 1.0:
+    if 0.0 < params.top_p < 1.0:
         sorted_logits, order = torch.sort(scaled, descending=True)
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
         # Drop a token when the mass before it already reaches top_p (the top token always stays).
@@ -52,3 +53,13 @@ def sample_tokens(logits: torch.Tensor, params: Sequence[SamplingParams], positi
         race = torch.empty_like(probs).exponential_(generator=generator)
         tokens[row] = torch.argmax(probs / race)
     return tokens
+
+
+def sampled_log_prob(logits: torch.Tensor, params: SamplingParams, token: int) -> float:
+    """TensorRT-LLM's ``output_log_probs`` for ``token`` sampled from the row ``logits`` [V]: its
+    log-probability in the distribution it was drawn from (the processed logits after temperature,
+    top-k and top-p, renormalized over what those kept). Greedy decoding draws from the top token
+    alone, so it reports 0.0, as TensorRT-LLM does."""
+    if params.greedy:
+        return 0.0
+    return float(torch.log_softmax(filter_logits(logits, params), dim=-1)[token])

@@ -85,7 +85,8 @@ class SimulatedEngine(PooledEngine):
             hidden.append(row_hidden)
             positions.append(length)
         result = sampled_result(rows, torch.from_numpy(np.stack(logits)), positions, top_logits,
-                                torch.from_numpy(np.stack(hidden)) if return_hidden else None)
+                                torch.from_numpy(np.stack(hidden)) if return_hidden else None,
+                                counts=self._context_counts)
         self._wait(started, self.profile.step_ms(len(rows), sum(map(len, tokens))) / 1e3)
         return result
 

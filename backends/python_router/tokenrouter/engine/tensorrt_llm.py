@@ -24,6 +24,11 @@ on request. So the adapter works in *spans*, the shape of the vLLM engine where 
   boundary for every token, so they are not asked for.
 - TensorRT-LLM samples (greedy: ``top_k=1``); greedy tokens equal the other engines', sampled
   tokens follow TensorRT-LLM's seeded sampler, not ``sample_tokens``. Hidden states are not exposed.
+- The logit processing is TensorRT-LLM's own (``span_sampling_arguments``): its penalties count a
+  span's whole context, which is the request's (prompt and every model's output), as on the other
+  engines. ``min_tokens`` is a ban of the request's end ids through ``embedding_bias`` on a span cut
+  to end where the request reaches ``min_tokens`` (TensorRT-LLM's own ``min_tokens`` knows one end
+  id and counts from the span's start), so the next span runs without it.
 
 Block accounting for admission is a ``BlockPool`` over ``kv_cache_tokens / block_size``, counted as
 on the other engines; TensorRT-LLM's own pool is sized to match (``KvCacheConfig.max_tokens``).
@@ -104,14 +109,27 @@ def llm_arguments(spec: ModelSpec, kv_cache_config: Any) -> dict[str, Any]:
     }
 
 
-def span_sampling_arguments(sampling: SamplingParams, max_tokens: int) -> dict[str, Any]:
-    """``tensorrt_llm.SamplingParams`` keywords for one span: never stops on its own, ids only, logprobs."""
+def span_sampling_arguments(sampling: SamplingParams, max_tokens: int, *, generated: int = 0,
+                            vocab_size: int = 0) -> dict[str, Any]:
+    """``tensorrt_llm.SamplingParams`` keywords for one span: never stops on its own, ids only,
+    logprobs. ``generated``: output tokens the request has at the span's start."""
     arguments: dict[str, Any] = {"max_tokens": max_tokens, "ignore_eos": True, "detokenize": False,
                                  "logprobs": LOGPROBS, "seed": sampling.seed}
     if sampling.greedy:
         arguments["top_k"] = 1
     else:
         arguments.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+    for name, off in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
+        if getattr(sampling, name) != off:
+            arguments[name] = getattr(sampling, name)
+    bias = dict(sampling.logit_bias)
+    if sampling.min_tokens > generated and sampling.end_ids:
+        arguments["max_tokens"] = min(max_tokens, sampling.min_tokens - generated)  # the ban ends with the span
+        bias.update({token: float("-inf") for token in sampling.end_ids})
+    if bias:
+        embedding_bias = torch.zeros(vocab_size, dtype=torch.float32)
+        embedding_bias[list(bias)] = torch.tensor(list(bias.values()), dtype=torch.float32)
+        arguments["embedding_bias"] = embedding_bias
     return arguments
 
 
@@ -265,7 +283,8 @@ class TensorRTLLMEngine(PooledEngine):
         self._end_span(seq_id)
         context = self._contexts[seq_id]
         max_tokens = min(SPAN_TOKENS, self._max_model_len + 1 - len(context))
-        params = self._sampling_params_class(**span_sampling_arguments(sampling, max_tokens))
+        params = self._sampling_params_class(**span_sampling_arguments(
+            sampling, max_tokens, generated=len(context) - sampling.prompt_len, vocab_size=self._vocab_size))
         result = self._llm.generate_async(list(context), sampling_params=params, streaming=True)
         span = self._spans[seq_id] = Span(result, sampling)
         return span

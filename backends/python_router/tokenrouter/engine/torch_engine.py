@@ -128,7 +128,8 @@ class TorchEngine(PooledEngine):
         hidden = out.last_hidden_state[0, layout.last_index]  # [R, H], post-norm
         logits = self.model.lm_head(hidden).float()
         positions = [start + count for start, count in zip(starts, counts)]
-        return sampled_result(rows, logits, positions, top_logits, hidden if return_hidden else None)
+        return sampled_result(rows, logits, positions, top_logits, hidden if return_hidden else None,
+                              counts=self._context_counts)
 
     def _check_attention(self) -> None:
         if self._config._attn_implementation != ATTN_IMPLEMENTATION:

@@ -33,6 +33,7 @@ import torch
 from ..config import ModelSpec
 from .base import Engine, KVCacheExhausted, LengthTable, SeqId, StepResult, StepRow
 from .loader import eos_token_ids_of, generation_config_of
+from .logit_processing import ContextCounts
 from .pooled import check_rows, sampled_result
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -50,6 +51,7 @@ class VLLMEngine(LengthTable, Engine):
         self._model_config = llm_engine.model_config
         self._eos = eos_token_ids
         self._lengths: dict[SeqId, int] = {}  # tokens of each sequence whose KV vLLM holds
+        self._context_counts = ContextCounts()  # for penalties (see logit_processing.py)
         self._request_ids: dict[SeqId, str] = {}
         self._next_id = 0
         self._capture: dict[str, Any] | None = None
@@ -152,6 +154,7 @@ class VLLMEngine(LengthTable, Engine):
         if seq_id not in self._lengths:
             return False
         del self._lengths[seq_id]
+        self._context_counts.forget(seq_id)
         self._core.abort_requests([self._request_ids.pop(seq_id)])
         return True
 
@@ -188,7 +191,7 @@ class VLLMEngine(LengthTable, Engine):
         for row, new in zip(rows, tokens):
             self._lengths[row.seq_id] += len(new)
             positions.append(self._lengths[row.seq_id])
-        return sampled_result(rows, logits, positions, top_logits, hidden)
+        return sampled_result(rows, logits, positions, top_logits, hidden, counts=self._context_counts)
 
     def _match_threads(self) -> None:
         if not getattr(self._thread_state, "done", False):

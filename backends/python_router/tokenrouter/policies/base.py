@@ -124,7 +124,7 @@ def create_policy(name: str, models: Sequence[str], entry: str, params: dict[str
 
 def sampling_of(spec: RequestSpec) -> SamplingParams:
     """The engine's sampling parameters for a request (a policy that samples uses the same draw)."""
-    return SamplingParams(spec.temperature, spec.top_p, spec.top_k, spec.seed)
+    return SamplingParams.of_request(spec)
 
 
 def uniform(*key: Any) -> float:

@@ -44,6 +44,7 @@ class GenerationResult:
     large_model_share: float  # share of output tokens produced by models other than the entry
     text: str | None = None  # None when the engine has no tokenizer (token-id prompts)
     error: str | None = None
+    logprobs: list[float] | None = None  # per output token, when the request asked (return_log_probs)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class RequestHandle:
         self._engine = engine
         self.token_ids: list[int] = []
         self.origins: list[int] = []
+        self.logprobs: list[float] | None = None  # set by the first output when the request returns them
         self.finish_reason: str | None = None
         self.error: str | None = None
         self._done = threading.Event()
@@ -70,10 +72,12 @@ class RequestHandle:
 
     # ClientSink
     def on_output(self, tokens: list[int], origins: list[int], finish_reason: str | None = None,
-                  error: str | None = None) -> None:
+                  error: str | None = None, logprobs: list[float] | None = None) -> None:
         with self._lock:
             self.token_ids.extend(tokens)
             self.origins.extend(origins)
+            if logprobs is not None:
+                self.logprobs = (self.logprobs or []) + list(logprobs)
             if finish_reason is not None:
                 self.finish_reason, self.error = finish_reason, error
                 self._done.set()
@@ -138,9 +142,13 @@ class TokenRoutingEngine:
 
     # --- requests --------------------------------------------------------------------------------
     def submit(self, prompt: Prompt, *, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, seed: int = 0, stop: Sequence[str] = (), bad_words: Sequence[str] = ()) -> RequestHandle:
+               top_k: int = 0, seed: int = 0, stop: Sequence[str] = (), bad_words: Sequence[str] = (),
+               repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+               min_tokens: int = 0, logit_bias: Sequence[tuple[int, float]] = (),
+               return_log_probs: bool = False) -> RequestHandle:
         """Start one request; returns at once. Raises RequestError for bad input and ServerBusy
-        when ``scheduling.max_queue`` requests already wait for admission."""
+        when ``scheduling.max_queue`` requests already wait for admission. The sampling keywords
+        are TensorRT-LLM's (docs/engine.md, "Sampling")."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
         prompt_ids = self._encode(prompt)
@@ -148,16 +156,20 @@ class TokenRoutingEngine:
             else sorted(self.engines[self.config.entry].eos_token_ids)
         spec = RequestSpec(prompt_len=len(prompt_ids), max_tokens=int(max_tokens), temperature=float(temperature),
                            top_p=float(top_p), top_k=int(top_k), seed=int(seed), end_ids=end_ids,
-                           stop_sequences=self._sequences(stop), bad_sequences=self._sequences(bad_words))
+                           stop_sequences=self._sequences(stop), bad_sequences=self._sequences(bad_words),
+                           repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                           frequency_penalty=frequency_penalty, min_tokens=min_tokens,
+                           logit_bias=[tuple(pair) for pair in logit_bias], return_log_probs=return_log_probs)
         handle = RequestHandle(f"req-{next(self._ids)}", self)
         self.entry.submit(handle.rid, prompt_ids, spec, handle)
         return handle
 
     def generate(self, prompts: Prompt | Sequence[Prompt], *, max_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | Sequence[int] = 0, stop: Sequence[str] = (),
-                 bad_words: Sequence[str] = (), timeout: float | None = None) -> list[GenerationResult]:
+                 bad_words: Sequence[str] = (), timeout: float | None = None, **sampling: Any) -> list[GenerationResult]:
         """Generate for every prompt concurrently; a request that fails has finish_reason 'error'.
-        A batch larger than the admission queue is fed in as its own earlier requests finish."""
+        A batch larger than the admission queue is fed in as its own earlier requests finish.
+        ``sampling``: the other keywords of ``submit`` (penalties, min_tokens, logit_bias, return_log_probs)."""
         batch = [prompts] if _is_single(prompts) else list(prompts)
         seeds = [seed] * len(batch) if isinstance(seed, int) else list(seed)
         if len(seeds) != len(batch):
@@ -167,7 +179,7 @@ class TokenRoutingEngine:
             while True:
                 try:
                     handles.append(self.submit(p, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                               top_k=top_k, seed=s, stop=stop, bad_words=bad_words))
+                                               top_k=top_k, seed=s, stop=stop, bad_words=bad_words, **sampling))
                     break
                 except ServerBusy:
                     oldest = next((h for h in handles if not h.done), None)
@@ -274,7 +286,7 @@ class TokenRoutingEngine:
         share = sum(1 for m in models if m != self.config.entry) / len(models) if models else 0.0
         text = self.codec.decode(handle.token_ids) if self.codec else None
         return GenerationResult(handle.token_ids[:], models, handle.finish_reason or "error", share, text,
-                                handle.error)
+                                handle.error, None if handle.logprobs is None else handle.logprobs[:])
 
 
 def _is_single(prompts: Prompt | Sequence[Prompt]) -> bool:

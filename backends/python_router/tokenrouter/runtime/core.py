@@ -28,7 +28,7 @@ from .effects import Batch, Effect, Release, Routed, Send
 from .handoff import accept_handoff, handoff_problem, stamp_handoff
 from .request import RequestState, Submission
 from .roles import EntryRole, PeerRole
-from .routing import route_rows, select_result_rows
+from .routing import record_log_probs, route_rows, select_result_rows
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,7 @@ class SubserverCore:
         for request in requests:
             if request.rid in failures:
                 self.finish(request, "error", fx, failures[request.rid])
+        record_log_probs(requests, decisions, out)
         lengths = [len(r.token_ids) for r in requests]
         for request, decision in zip(requests, decisions):
             if decision is not None:
@@ -210,18 +211,18 @@ class SubserverCore:
         if decision.token is not None:
             request.sampled_token = int(decision.token)
         if decision.destination == self.name:
-            self.commit(request, [request.sampled_token], [self.index], fx)
+            self.commit(request, [request.sampled_token], [self.index], fx, [request.sampled_logprob])
         elif decision.destination in self.peers:
             self._hand_off(request, decision.destination, fx)
         else:
             self.finish(request, "error", fx,
                         f"policy '{self.policy.name}' routed to unknown model '{decision.destination}'")
 
-    def commit(self, request: RequestState, tokens: list[int], origins: list[int], fx: list[Effect], *,
-               inform_entry: bool = True) -> bool:
+    def commit(self, request: RequestState, tokens: list[int], origins: list[int], fx: list[Effect],
+               logprobs: list[float | None], *, inform_entry: bool = True) -> bool:
         """This model (the holder) commits tokens. Returns True when that ended the request."""
-        request.commit(tokens, origins)
-        request.sampled_token = None
+        request.commit(tokens, origins, logprobs)
+        request.sampled_token = request.sampled_logprob = None
         self.stats.tokens_committed += len(tokens)
         reason = request.finish_reason(self.limits.max_model_len)
         self.role.on_commit(request, tokens, origins, reason, inform_entry, fx)
@@ -240,7 +241,8 @@ class SubserverCore:
             self.finish(request, "error", fx, f"policy '{self.policy.name}' failed to send: {type(exc).__name__}: {exc}")
             return
         # A kept sampled token is committed here (attributed to this model) and may end the request.
-        if message.keep_sampled and self.commit(request, [request.sampled_token], [self.index], fx, inform_entry=False):
+        if message.keep_sampled and self.commit(request, [request.sampled_token], [self.index], fx,
+                                                [request.sampled_logprob], inform_entry=False):
             return
         stamp_handoff(request, message, sender=self.name, peer=peer, active=self.active)
         self.runnable.pop(request.rid, None)

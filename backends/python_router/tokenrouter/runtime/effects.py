@@ -31,6 +31,7 @@ class Emit:
     origins: list[int]
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[float] | None = None  # parallel to tokens when the request returns log probabilities
 
 
 @dataclass(frozen=True)

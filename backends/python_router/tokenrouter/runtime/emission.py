@@ -18,16 +18,17 @@ class ClientOutputs:
         self._sinks[rid] = sink
 
     def emit(self, rid: str, tokens: list[int], origins: list[int], reason: str | None = None,
-             error: str | None = None) -> list[Emit]:
+             error: str | None = None, *, logprobs: list[float] | None) -> list[Emit]:
         """The output effect for ``rid``; none once its sink is closed (the client already heard
-        the end). The effect that carries a finish reason closes the sink."""
+        the end). The effect that carries a finish reason closes the sink. ``logprobs``: parallel
+        to ``tokens`` when the request returns them, else None."""
         sink = self._sinks.get(rid)
         if sink is None:
             return []
         if reason is not None:
             del self._sinks[rid]
         self.output_by_model.update(origins)
-        return [Emit(rid, sink, list(tokens), list(origins), reason, error)]
+        return [Emit(rid, sink, list(tokens), list(origins), reason, error, logprobs)]
 
     def close(self, rid: str) -> None:
         self._sinks.pop(rid, None)

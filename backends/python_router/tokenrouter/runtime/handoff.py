@@ -17,7 +17,7 @@ def stamp_handoff(request: RequestState, message: PeerMessage, *, sender: str, p
     message.kind, message.sender, message.active = "handoff", sender, active
     request.known[peer] = message.end
     request.here = False
-    request.sampled_token = None
+    request.sampled_token = request.sampled_logprob = None
 
 
 def suffix_message(request: RequestState, peer: str, kind: str, *, sender: str, reason: str | None = None,
@@ -25,9 +25,11 @@ def suffix_message(request: RequestState, peer: str, kind: str, *, sender: str, 
     """A ``progress`` or ``finish`` message: the context ``peer`` has not seen yet."""
     anchor = request.known.get(peer, 0)
     origins = [-1] * request.prompt_len + request.origins
+    logprobs = [None] * request.prompt_len + request.logprobs if request.spec.return_log_probs else []
     request.known[peer] = len(request.token_ids)
     return PeerMessage(kind=kind, rid=request.rid, sender=sender, anchor=anchor, tokens=request.token_ids[anchor:],
-                       origins=origins[anchor:], finish_reason=reason, state={"error": error} if error else {})
+                       origins=origins[anchor:], finish_reason=reason, state={"error": error} if error else {},
+                       logprobs=logprobs[anchor:])
 
 
 def suffix_problem(request: RequestState | None, message: PeerMessage) -> str | None:
@@ -61,7 +63,8 @@ def handoff_problem(request: RequestState | None, message: PeerMessage, *, first
 def accept_handoff(request: RequestState, message: PeerMessage, tokens: list[int], now: float) -> int:
     """Take the request: apply the committed ``tokens`` (the policy's choice of ``message.tokens``)
     and make it runnable here. Returns how many tokens the context grew by."""
-    grown = request.apply_suffix(message.anchor, tokens, message.origins[:len(tokens)])
+    grown = request.apply_suffix(message.anchor, tokens, message.origins[:len(tokens)],
+                                 message.logprobs[:len(tokens)])
     request.state = dict(message.state)
     request.known[message.sender] = message.end
     request.here = True

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
+
+import numpy as np
 
 from ..engine.base import SamplingParams
 from ..protocol import RequestSpec, RequestView
@@ -30,6 +36,9 @@ class RequestState:
     state: dict[str, Any] = field(default_factory=dict)  # the policy's slot; travels with the request
     known: dict[str, int] = field(default_factory=dict)  # tokens each peer has seen (its anchor)
     sampled_token: int | None = None  # sampled in this step here; not committed yet
+    # Per committed output token when ``spec.return_log_probs`` (else empty), and the sampled token's.
+    logprobs: list[float] = field(default_factory=list)
+    sampled_logprob: float | None = None
     here: bool = False
     cached: int = 0  # context tokens this model's engine holds KV for
     ready_since: float = 0.0  # when it last became runnable here (the core's clock)
@@ -38,30 +47,45 @@ class RequestState:
     def num_generated(self) -> int:
         return len(self.token_ids) - self.prompt_len
 
-    @property
+    @cached_property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.spec.temperature, self.spec.top_p, self.spec.top_k, self.spec.seed)
+        return SamplingParams.of_request(self.spec)  # the spec never changes
 
     def view(self) -> RequestView:
         """What a policy may see of this request (read-only; no copies of the context)."""
         return RequestView(rid=self.rid, model=self.model, model_index=self.model_index, token_ids=self.token_ids,
                            prompt_len=self.prompt_len, origins=self.origins, spec=self.spec, state=self.state,
-                           known=self.known, sampled_token=self.sampled_token)
+                           known=self.known, sampled_token=self.sampled_token, logprobs=self.logprobs,
+                           sampled_logprob=self.sampled_logprob)
 
-    def commit(self, tokens: list[int], origins: list[int]) -> None:
+    def commit(self, tokens: list[int], origins: list[int], logprobs: list[float | None]) -> None:
         self.token_ids.extend(tokens)
         self.origins.extend(origins)
+        if self.spec.return_log_probs:
+            self.logprobs.extend(logprobs)
 
-    def apply_suffix(self, anchor: int, tokens: list[int], origins: list[int]) -> int:
+    def apply_suffix(self, anchor: int, tokens: list[int], origins: list[int], logprobs: list[float | None]) -> int:
         """Make the context ``context[:anchor] + tokens`` (a peer's newer view); returns how many
-        tokens it grew by. ``origins`` is aligned with ``tokens`` (-1 for prompt positions)."""
+        tokens it grew by. ``origins`` and ``logprobs`` are aligned with ``tokens`` (prompt
+        positions: origin -1, log probability None)."""
         old_len = len(self.token_ids)
         if anchor > old_len:
             raise ValueError(f"request {self.rid}: anchor {anchor} is past the known context ({old_len})")
         self.token_ids[anchor:] = tokens
-        generated = [origin for k, origin in enumerate(origins) if anchor + k >= self.prompt_len]
-        self.origins[max(0, anchor - self.prompt_len):] = generated
+        first_output = max(0, self.prompt_len - anchor)  # index in ``tokens`` of the first output position
+        self.origins[max(0, anchor - self.prompt_len):] = origins[first_output:]
+        if self.spec.return_log_probs:
+            if len(logprobs) != len(tokens):
+                raise ValueError(f"request {self.rid}: {len(logprobs)} log probabilities for {len(tokens)} tokens")
+            self.logprobs[max(0, anchor - self.prompt_len):] = logprobs[first_output:]
         return len(self.token_ids) - old_len
+
+    def client_logprobs(self, count: int) -> list[float] | None:
+        """The log probabilities of the last ``count`` output tokens for the client's sink (None
+        when the request did not ask for them)."""
+        if not self.spec.return_log_probs:
+            return None
+        return self.logprobs[len(self.logprobs) - count:]
 
     def finish_reason(self, max_model_len: int) -> str | None:
         """Why the request is done after its last commit, or None to go on."""
@@ -79,16 +103,24 @@ class RequestState:
         return None
 
 
+def no_tokens_logprobs(spec: RequestSpec) -> list[float] | None:
+    """What a sink's ``logprobs`` is with an output of no tokens (a finish alone)."""
+    return [] if spec.return_log_probs else None
+
+
 class ClientSink(Protocol):
     """Receives one request's output on the entry model's loop thread; must not block.
 
     Called once per group of newly committed tokens; the call that ends the request carries its
     ``finish_reason`` (and ``error``) together with its last tokens, so a streaming frontend can
     mark its last data response final. ``tokens`` may be empty only on that last call.
+    ``logprobs`` is parallel to ``tokens`` when the request's ``return_log_probs`` is set, else
+    None: each token's log probability at the model that sampled it
+    (``engine.sampling.sampled_log_prob``: TensorRT-LLM's ``output_log_probs``).
     """
 
     def on_output(self, tokens: list[int], origins: list[int], finish_reason: str | None = None,
-                  error: str | None = None) -> None: ...
+                  error: str | None = None, logprobs: list[float] | None = None) -> None: ...
 
 
 @dataclass
@@ -103,16 +135,61 @@ class Submission:
     bypassed: int = 0  # later submissions admitted ahead of this one (admission bounds it)
 
 
-def validate_sampling(*, max_tokens: int, temperature: float, top_p: float, top_k: int) -> None:
-    """Checks that need no model facts (the frontend runs them before tokenizing, too)."""
-    if max_tokens < 1:
+def validate_sampling(*, max_tokens: int, temperature: float, top_p: float, top_k: int,
+                      repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                      min_tokens: int = 0, logit_bias: Sequence[Sequence[Any]] = (), return_log_probs: bool = False,
+                      vocab_size: int | None = None) -> None:
+    """Checks that need no model facts but the vocabulary size, which bias ids need (the frontend
+    runs them before tokenizing, without it). Each error names its input.
+
+    ``top_p`` 0 is TensorRT-LLM's "unset" (no nucleus filter; greedy when ``top_k`` is 0 too).
+    ``min_tokens`` above ``max_tokens`` is allowed, as in TensorRT-LLM: the request then never
+    ends by an end id."""
+    if _integer(max_tokens, "max_tokens") < 1:
         raise RequestError(f"max_tokens must be >= 1, got {max_tokens}")
-    if not temperature >= 0:  # also refuses NaN
-        raise RequestError(f"temperature must be >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise RequestError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
+    if not _real(temperature, "temperature") >= 0 or math.isinf(temperature):  # `not >=` also refuses NaN
+        raise RequestError(f"temperature must be a finite number >= 0, got {temperature}")
+    if not 0 <= _real(top_p, "top_p") <= 1:
+        raise RequestError(f"top_p must be in [0, 1] (0: unset), got {top_p}")
+    if _integer(top_k, "top_k") < 0:
         raise RequestError(f"top_k must be >= 0, got {top_k}")
+    if not (math.isfinite(_real(repetition_penalty, "repetition_penalty")) and repetition_penalty > 0):
+        raise RequestError(f"repetition_penalty must be a finite number > 0 (1: off), got {repetition_penalty}")
+    for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+        if not math.isfinite(_real(value, name)):
+            raise RequestError(f"{name} must be a finite number (0: off), got {value}")
+    if _integer(min_tokens, "min_tokens") < 0:
+        raise RequestError(f"min_tokens must be >= 0, got {min_tokens}")
+    if not isinstance(return_log_probs, (bool, np.bool_)):
+        raise RequestError(f"return_log_probs must be a boolean, got {return_log_probs!r}")
+    _check_logit_bias(logit_bias, vocab_size)
+
+
+def _check_logit_bias(logit_bias: Sequence[Sequence[Any]], vocab_size: int | None) -> None:
+    """(token id, weight) pairs; a weight of -inf bans its token, +inf or NaN is refused."""
+    if isinstance(logit_bias, (str, bytes)) or not isinstance(logit_bias, Sequence):
+        raise RequestError(f"logit_bias must be a list of (token id, weight) pairs, got {logit_bias!r}")
+    for pair in logit_bias:
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise RequestError(f"logit_bias must be a list of (token id, weight) pairs, got the entry {pair!r}")
+        token = _integer(pair[0], "logit_bias token id")
+        weight = _real(pair[1], "logit_bias weight")
+        if vocab_size is not None and not 0 <= token < vocab_size:
+            raise RequestError(f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})")
+        if math.isnan(weight) or weight == math.inf:
+            raise RequestError(f"logit_bias weight for token {token} must be a number below +inf, got {weight}")
+
+
+def _real(value: Any, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise RequestError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(value: Any, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise RequestError(f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 def validate_submission(prompt_ids: list[int], spec: RequestSpec, *, max_model_len: int, vocab_size: int) -> None:
@@ -121,7 +198,10 @@ def validate_submission(prompt_ids: list[int], spec: RequestSpec, *, max_model_l
         raise RequestError("the prompt is empty")
     if any(not 0 <= t < vocab_size for t in prompt_ids):
         raise RequestError(f"prompt token ids must be in [0, {vocab_size})")
-    validate_sampling(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k)
+    validate_sampling(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+                      repetition_penalty=spec.repetition_penalty, presence_penalty=spec.presence_penalty,
+                      frequency_penalty=spec.frequency_penalty, min_tokens=spec.min_tokens, logit_bias=spec.logit_bias,
+                      return_log_probs=spec.return_log_probs, vocab_size=vocab_size)
     if len(prompt_ids) >= max_model_len:
         raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the limit is {max_model_len - 1}")
     if len(prompt_ids) + spec.max_tokens > max_model_len:

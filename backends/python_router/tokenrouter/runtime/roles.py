@@ -14,7 +14,7 @@ from .admission import Admission, ServerBusy
 from .effects import Effect, Emit, Send
 from .emission import ClientOutputs
 from .handoff import suffix_message, suffix_problem
-from .request import RequestState, Submission, validate_submission
+from .request import RequestState, Submission, no_tokens_logprobs, validate_submission
 
 if TYPE_CHECKING:
     from .core import SubserverCore
@@ -79,14 +79,14 @@ class EntryRole:
         waiting = self.admission.withdraw(rid)
         if waiting is not None:
             self.core.stats.finished["cancelled"] += 1
-            return [Emit(rid, waiting.sink, [], [], "cancelled")]
+            return [Emit(rid, waiting.sink, [], [], "cancelled", logprobs=no_tokens_logprobs(waiting.spec))]
         if rid in self.core.requests:
             self._finalize(rid, "cancelled", None, False, fx)
         return fx  # unknown or already over: nothing to do
 
     def on_commit(self, request: RequestState, tokens: list[int], origins: list[int], reason: str | None,
                   inform_entry: bool, fx: list[Effect]) -> None:
-        fx += self.outputs.emit(request.rid, tokens, origins, reason)
+        fx += self.outputs.emit(request.rid, tokens, origins, reason, logprobs=request.client_logprobs(len(tokens)))
 
     def on_grown(self, request: RequestState, grown: int, reason: str | None, error: str | None,
                  fx: list[Effect]) -> None:
@@ -94,7 +94,8 @@ class EntryRole:
         if grown > 0 or reason is not None:
             new = max(grown, 0)
             fx += self.outputs.emit(request.rid, request.token_ids[len(request.token_ids) - new:],
-                                    request.origins[len(request.origins) - new:], reason, error)
+                                    request.origins[len(request.origins) - new:], reason, error,
+                                    logprobs=request.client_logprobs(new))
 
     def finish(self, request: RequestState, reason: str, error: str | None, notified: bool,
                fx: list[Effect]) -> None:
@@ -105,7 +106,7 @@ class EntryRole:
         everywhere, let the next one in."""
         core = self.core
         if not notified:
-            fx += self.outputs.emit(rid, [], [], reason, error)
+            fx += self.outputs.emit(rid, [], [], reason, error, logprobs=no_tokens_logprobs(core.requests[rid].spec))
         self.outputs.close(rid)
         core.stats.finished[reason] += 1
         core.drop(rid, fx)
@@ -135,7 +136,8 @@ class EntryRole:
         if problem is not None:
             return core.drop_message(message, problem)
         reason = (message.finish_reason or "error") if message.kind == "finish" else None
-        grown = request.apply_suffix(message.anchor, message.tokens, message.origins[:len(message.tokens)])
+        grown = request.apply_suffix(message.anchor, message.tokens, message.origins[:len(message.tokens)],
+                                     message.logprobs)
         request.known[message.sender] = message.end
         self.on_grown(request, grown, reason, message.state.get("error"), fx)
         if reason is not None:
@@ -143,7 +145,8 @@ class EntryRole:
         return None
 
     def shutdown(self, reason: str) -> list[Effect]:
-        fx: list[Effect] = [Emit(s.rid, s.sink, [], [], "error", reason) for s in self.admission.drain()]
+        fx: list[Effect] = [Emit(s.rid, s.sink, [], [], "error", reason, no_tokens_logprobs(s.spec))
+                            for s in self.admission.drain()]
         for rid in list(self.core.requests):
             self._finalize(rid, "error", reason, False, fx)
         return fx

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from ..engine.base import StepResult
+from ..engine.sampling import sampled_log_prob
 from ..protocol import Policy, Route, as_route
 from .request import RequestState
 
@@ -35,6 +36,15 @@ def decide(policy: Policy, requests: list[RequestState], out: StepResult) -> lis
     if len(decisions) != len(requests):
         raise ValueError(f"route returned {len(decisions)} decisions for {len(requests)} rows")
     return decisions
+
+
+def record_log_probs(requests: list[RequestState], decisions: list[Route | None], out: StepResult) -> None:
+    """For each request that returns log probabilities, the one of the token its decision keeps
+    (the sampled token, or the policy's replacement), in the distribution this model drew from."""
+    for row, (request, decision) in enumerate(zip(requests, decisions)):
+        if decision is not None and request.spec.return_log_probs:
+            token = request.sampled_token if decision.token is None else int(decision.token)
+            request.sampled_logprob = sampled_log_prob(out.logits[row], request.sampling, token)
 
 
 def select_result_rows(result: StepResult, rows: list[int]) -> StepResult:

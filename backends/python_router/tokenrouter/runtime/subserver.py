@@ -218,7 +218,8 @@ class Subserver:
     def _emit(self, effect: Emit) -> None:
         """A failing sink (a client gone away) cancels that request only."""
         try:
-            effect.sink.on_output(effect.tokens, effect.origins, effect.finish_reason, effect.error)
+            effect.sink.on_output(effect.tokens, effect.origins, effect.finish_reason, effect.error,
+                                  logprobs=effect.logprobs)
         except Exception:
             log.exception("%s: the client sink of %s failed; cancelling it", self.name, effect.rid)
             if effect.finish_reason is None:

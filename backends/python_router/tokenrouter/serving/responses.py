@@ -33,7 +33,7 @@ class TritonSink:
         self._large = 0
 
     def on_output(self, tokens: list[int], origins: list[int], finish_reason: str | None = None,
-                  error: str | None = None) -> None:
+                  error: str | None = None, logprobs: list[float] | None = None) -> None:
         self._pending_tokens += tokens
         self._pending_origins += origins
         self._large += sum(1 for o in origins if o != self._entry_index)
