@@ -72,7 +72,8 @@ class EntryRole:
         stats.queue_timeouts += 1
         stats.finished["error"] += 1
         return Emit(submission.rid, submission.sink, [], [], "error",
-                    f"server busy: not admitted within queue_timeout_s ({timeout:g} s); retry later")
+                    f"server busy: not admitted within queue_timeout_s ({timeout:g} s); retry later",
+                    no_tokens_logprobs(submission.spec))
 
     def cancel(self, rid: str) -> list[Effect]:
         fx: list[Effect] = []
