@@ -95,7 +95,11 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
         row["cpu_ms_per_token"] = {"this process": cpu.pop("this process"), "server": sum(cpu.values()),
                                    "server by process": cpu}
         if system == "served":
-            row["peer_send"] = prometheus.histogram_delta(before, prometheus.scrape(metrics_url), PEER_HISTOGRAM)
+            after = prometheus.scrape(metrics_url)
+            row["peer_send"] = prometheus.histogram_delta(before, after, PEER_HISTOGRAM)
+            row["triton_queue"] = prometheus.triton_queue_delta(before, after)
+            # what the writer's rounds did: output tokens per streamed response, as the client saw them
+            row["tokens_per_response"] = tokens / max(1, sum(len(r.arrivals) for r in result.records))
         return row
 
     rows = side_by_side(list(SYSTEMS), reps, run, label=f"served vs embedded N={clients}")
@@ -136,6 +140,12 @@ def markdown(result: dict[str, Any]) -> str:
                    [[p["clients"], p["ratio"]["median"], ", ".join(fmt(x) for x in p["ratio"]["per_rep"]),
                      p["ratio"]["verdict"], p["ttft_ratio"]["median"], p["ttft_ratio"]["verdict"],
                      p["server_cpu"]["median_ms"], p["server_cpu"]["verdict"]] for p in points])]
+    queued = sorted({model for p in points for run in p["runs"]["served"] for model in run["triton_queue"]})
+    rows = [[p["clients"], median_of(r["tokens_per_response"] for r in p["runs"]["served"]),
+             *[median_of(r["triton_queue"].get(model, {}).get(key) for r in p["runs"]["served"])
+               for model in queued for key in ("requests", "queue_ms")]] for p in points]
+    parts.append(table(["N", "served tokens per response", *[f"{model}: {what}" for model in queued
+                                                             for what in ("requests", "queue ms")]], rows))
     processes = sorted({name for p in points for name in p["medians"]["served"]["cpu_ms_per_token"]["server by process"]})
     parts.append(table(["N", *[f"served CPU ms/token, {name}" for name in processes]],
                        [[p["clients"], *[p["medians"]["served"]["cpu_ms_per_token"]["server by process"].get(name)

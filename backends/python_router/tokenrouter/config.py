@@ -131,6 +131,11 @@ class SchedulingSpec(_Strict):
         20.0, ge=0, description="longest a runnable request waits for its batch threshold (no starvation)"
     )
     max_active: int = Field(16, ge=1, description="most requests active at once (N); more wait in the queue")
+    max_responses_per_s: float = Field(
+        1000.0, gt=0, description="streamed responses per second the entry sends over all streams (Triton): each "
+                                  "stream's are at least streams/this apart, tokens in between leave together; the "
+                                  "first token and the last response are never held"
+    )
 
 
 class TokenRouterConfig(_Strict):

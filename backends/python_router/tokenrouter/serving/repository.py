@@ -280,6 +280,7 @@ def _router_config(config: TokenRouterConfig, weights: str) -> mc.ModelConfig:
         "strategy": config.scheduling.strategy,
         "max_wait_ms": config.scheduling.max_wait_ms,
         "max_active": config.scheduling.max_active,
+        "max_responses_per_s": config.scheduling.max_responses_per_s,
         "max_model_len": config.max_model_len,
     }
     return model_config(ROUTER, backend=ROUTER_BACKEND, max_batch_size=0, outputs=("policy",), parameters=parameters)
@@ -416,6 +417,7 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
             "strategy": _require(router, "strategy", router_dir),
             "max_wait_ms": json_param("max_wait_ms"),
             "max_active": json_param("max_active"),
+            "max_responses_per_s": json_param("max_responses_per_s"),
         },
         # the default (the entry model's own tokenizer) reads back as the default
         "tokenizer": None if tokenizer == models.get(entry or next(iter(models), ""), {}).get("path") else tokenizer,

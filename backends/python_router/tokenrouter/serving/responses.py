@@ -4,11 +4,13 @@ The decoding loop only queues chunks; the writer thread sends them in order and 
 tracked sender for client cancellation, so the loop never waits on Triton's IPC.
 
 Every response costs the same however many tokens it carries (a send over the stub's IPC, a pass
-through the ensemble and postprocessing, a gRPC message), so the writer sends what is queued in
-rounds: whatever a request produced while the previous round went out leaves as one response.
-When the writer keeps up, that is one token per response (first-token latency as before); when it
-falls behind (many streams, fast steps), responses grow instead of the queue, like vLLM's
-``stream_interval`` but only when needed. Each token keeps its model and its place.
+through the ensemble and postprocessing, a gRPC message, a client callback), and a hop behind the
+writer can fall behind without the writer noticing (the ensemble queues for it). So the writer
+paces each stream instead: a request's responses are at least (live streams / max_responses_per_s)
+apart, and tokens produced in between leave together in the next one, each with its model and in
+its place (``Pacer``). The first token and the final response are never held, so first-token
+latency stays; with few streams the interval is below a step and every token still leaves alone.
+Like vLLM's and TensorRT-LLM's ``stream_interval``, but in time and only as many streams need.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ PREFIX_WINDOW = 8  # tokens before a chunk that postprocessing needs to decode i
 # Each is_cancelled() is an IPC round trip to tritonserver: polling 64 streams every 20 ms cost
 # 3200 round trips a second. 0.1 s bounds how late a cancellation is noticed.
 CANCEL_POLL_S = 0.1
+MAX_RESPONSES_PER_S = 1000.0  # default of scheduling.max_responses_per_s
 
 
 @dataclass
@@ -83,24 +86,48 @@ class _Error:
 Item = Union[_Data, _Error]
 
 
-def coalesce(items: list[Item]) -> list[Item]:
-    """The queued items in order, with each request's consecutive data chunks merged into its
-    first (an error or a final chunk ends what may merge). Requests keep their own order; between
-    requests there is none to keep."""
-    out: list[Item] = []
-    growing: dict[str, Chunk] = {}  # rid -> its chunk in ``out`` that later chunks may join
-    for item in items:
-        chunk = growing.get(item.rid) if isinstance(item, _Data) else None
-        if chunk is not None:
-            chunk.absorb(item.chunk)
-        else:
-            out.append(item)
-            chunk = item.chunk if isinstance(item, _Data) else None
-        if chunk is None or chunk.final:
-            growing.pop(item.rid, None)
-        else:
-            growing[item.rid] = chunk
-    return out
+class Pacer:
+    """What the writer holds between rounds: per request, the output not sent yet and when its last
+    response went out. A request's first response and its final one go out at once; between them,
+    its responses are at least ``interval`` apart, and what it produces meanwhile merges into the
+    held chunk (every token in order, with its model). Used by the writer thread only."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, _Data] = {}
+        self._last: dict[str, float] = {}  # rid -> when its last response went out
+
+    def add(self, item: Item) -> list[Item]:
+        """Take one queued item; returns what must go out now, in this order, whatever the pacing:
+        an error (after the output held before it), or a final chunk that a later one cannot join."""
+        held = self._held.get(item.rid)
+        if isinstance(item, _Error):
+            self._held.pop(item.rid, None)
+            self._last.pop(item.rid, None)
+            return [held, item] if held is not None else [item]
+        if held is None or held.final:
+            self._held[item.rid] = item
+            return [held] if held is not None else []
+        held.chunk.absorb(item.chunk)
+        return []
+
+    def due(self, now: float, interval: float) -> list[_Data]:
+        """The held chunks whose time has come: first and final ones always."""
+        out = []
+        for rid, item in list(self._held.items()):
+            last = self._last.get(rid)
+            if item.final or last is None or now - last >= interval:
+                out.append(item)
+                del self._held[rid]
+                if item.final:
+                    self._last.pop(rid, None)
+                else:
+                    self._last[rid] = now
+        return out
+
+    def next_due(self, now: float, interval: float) -> float | None:
+        """Seconds until the earliest held chunk is due; None when nothing is held."""
+        waits = [max(0.0, self._last.get(rid, now - interval) + interval - now) for rid in self._held]
+        return min(waits) if waits else None
 
 
 class TritonSink:
@@ -137,13 +164,15 @@ class TritonSink:
 
 
 class ResponseWriter:
-    """Sends responses from one thread, in rounds (see the module docstring), and polls client
+    """Sends paced responses from one thread (see the module docstring) and polls client
     cancellation every ``cancel_poll_s``."""
 
     def __init__(self, pb_utils: Any, subserver: Any, batch_dim: bool, *,
-                 cancel_poll_s: float = CANCEL_POLL_S) -> None:
+                 max_responses_per_s: float = MAX_RESPONSES_PER_S, cancel_poll_s: float = CANCEL_POLL_S) -> None:
         self._pb, self._subserver, self._batch_dim = pb_utils, subserver, batch_dim
+        self._max_responses_per_s = max_responses_per_s
         self._cancel_poll_s = cancel_poll_s
+        self._pacer = Pacer()
         self._queue: queue.Queue = queue.Queue()
         self._senders: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -182,8 +211,11 @@ class ResponseWriter:
         last_poll = time.monotonic()
         closing = False
         while not closing:
+            interval = len(self._senders) / self._max_responses_per_s  # live streams share the budget
+            wait = self._pacer.next_due(time.monotonic(), interval)
             try:
-                items = [self._queue.get(timeout=self._cancel_poll_s)]
+                items = [self._queue.get(timeout=self._cancel_poll_s if wait is None else
+                                         min(wait, self._cancel_poll_s))]
             except queue.Empty:
                 items = []
             while True:  # one round: everything queued by now
@@ -193,7 +225,10 @@ class ResponseWriter:
                     break
             if None in items:  # close: send what came before it, then stop
                 items, closing = items[:items.index(None)], True
-            for item in coalesce(items):
+            for item in items:
+                for now_due in self._pacer.add(item):
+                    self._send(now_due)
+            for item in self._pacer.due(time.monotonic(), 0.0 if closing else interval):
                 self._send(item)
             if time.monotonic() - last_poll >= self._cancel_poll_s:  # also under load, when the queue is never empty
                 self._poll_cancellation()

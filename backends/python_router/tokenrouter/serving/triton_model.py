@@ -85,7 +85,8 @@ class SubserverRole:
         self.subserver = build_subserver(config, self.name, engine, build_policy(config), self._transport,
                                          make_strategy(config.scheduling.strategy, len(config.models)),
                                          max_model_len=max_model_len, capacities=capacities)
-        self._writer = ResponseWriter(pb_utils, self.subserver, self._batch_dim)
+        self._writer = ResponseWriter(pb_utils, self.subserver, self._batch_dim,
+                                      max_responses_per_s=config.scheduling.max_responses_per_s)
         self._metrics = SubserverMetrics(pb_utils, self.subserver)
         self._intake = SubserverIntake(pb_utils, self.subserver, self._writer, config.model_names, secret,
                                        on_refused_peer_call=self._metrics.count_refused_peer_call)
