@@ -12,7 +12,7 @@ from tokenrouter_tools.bench import prometheus
 from tokenrouter_tools.bench.loadgen import run_closed_loop
 from tokenrouter_tools.bench.records import summarize
 from tokenrouter_tools.bench.runner import Timing
-from tokenrouter_tools.bench.served import PEER_HISTOGRAM, run_served
+from tokenrouter_tools.bench.served import PEER_HISTOGRAM, markdown, run_served
 from tokenrouter_tools.bench.triton_target import TritonTarget
 from tokenrouter_tools.bench.workloads import TextPrompts, Workload
 from tokenrouter_tools.serve import TINY_CONFIG
@@ -49,11 +49,20 @@ def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(st
 
 def test_served_suite_alternates_both_paths_and_reports_their_ratio(tiny_pair):
     config = load_config(TINY_CONFIG)  # the shipped config, on the pair tiny_pair just built
-    result = run_served(config, 2, Workload("short-long", (8, 16), 12, max_context=512), Timing(0.3, 1.0), reps=2)
-    runs = result["runs"]
-    assert [r["rep"] for r in runs["embedded"]] == [r["rep"] for r in runs["served"]] == [0, 1]
-    assert result["ratio"]["per_rep"] == pytest.approx([s["throughput"] / e["throughput"]
-                                                        for s, e in zip(runs["served"], runs["embedded"])])
-    for run in runs["served"]:
-        assert run["cpu_ms_per_token"]["server"] > 0 and run["output_tokens"] > 0
-    assert all(run["busy"] for run in runs["embedded"]) and not any(run["busy"] for run in runs["served"])
+    result = run_served(config, [1, 2], Workload("short-long", (8, 16), 12, max_context=512), Timing(0.3, 1.0),
+                        reps=2)
+    assert [p["clients"] for p in result["points"]] == [1, 2]  # both on the one server
+    for point in result["points"]:
+        runs = point["runs"]
+        assert [r["rep"] for r in runs["embedded"]] == [r["rep"] for r in runs["served"]] == [0, 1]
+        assert point["ratio"]["per_rep"] == pytest.approx([s["throughput"] / e["throughput"]
+                                                           for s, e in zip(runs["served"], runs["embedded"])])
+        for run in runs["served"]:
+            cpu = run["cpu_ms_per_token"]
+            assert cpu["server"] > 0 and run["output_tokens"] > 0
+            # the server's CPU is split over tritonserver and a stub per model, and adds up
+            assert {"server: tritonserver", "server: slm", "server: llm"} <= set(cpu["server by process"])
+            assert cpu["server"] == pytest.approx(sum(cpu["server by process"].values()))
+            assert cpu["server by process"]["server: slm"] > 0
+        assert all(run["busy"] for run in runs["embedded"]) and not any(run["busy"] for run in runs["served"])
+    assert "served / embedded" in markdown(result)

@@ -27,6 +27,7 @@ from tokenrouter.serving.responses import ResponseWriter
 
 FINAL = 1
 SECRET = "s3cret"
+POLL_S = 0.02  # cancellation polls: often, so a sender polled after its final answer shows quickly
 EXCEPTIONS = [RequestError, ServerBusy, ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError,
               OverflowError, MemoryError, UnicodeDecodeError, Exception]
 
@@ -148,7 +149,7 @@ def _run_once(make_request, at: int, kind: type[BaseException]) -> tuple[Faults,
     faults = Faults(at, kind)
     pb = fake_pb(faults)
     subserver = FakeSubserver(faults)
-    writer = ResponseWriter(pb, subserver, batch_dim=True)
+    writer = ResponseWriter(pb, subserver, batch_dim=True, cancel_poll_s=POLL_S)
     request = make_request(faults)
     try:
         SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
@@ -157,7 +158,7 @@ def _run_once(make_request, at: int, kind: type[BaseException]) -> tuple[Faults,
         deadline = time.monotonic() + 2
         while writer._senders and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.06)  # three cancellation polls: a sender left tracked would be polled
+        time.sleep(3 * POLL_S)  # three cancellation polls: a sender left tracked would be polled
     finally:
         writer.close()
     assert not writer._senders, f"sender still tracked after a fault in {faults.fired_in}"

@@ -3,7 +3,7 @@
     tokenrouter bench validate [--N 2 3 4 5 6 7 8] [--reps 1]          model vs measurement (simulated)
     tokenrouter bench compare --engine sim|tiny|real [--clients 8]     systems side by side, ratios vs targets
     tokenrouter bench sweep --engine sim [--concurrency 1 2 4 8 16]     workloads x concurrency x systems
-    tokenrouter bench served [--config configs/tiny.yaml] [--clients 8] Triton gRPC vs embedded (issue 4)
+    tokenrouter bench served [--config configs/tiny.yaml] [--clients 8 ...]  Triton gRPC vs embedded (issues 4, 14)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import compare, served, sweep, validate
-from .plots import plot_compare, plot_sweep, plot_validate
+from .plots import plot_compare, plot_served, plot_sweep, plot_validate
 from .report import machine, write_json
 from .runner import Timing
 from .setups import KINDS, make_setup
@@ -50,9 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     _common(p, reps=1)
 
-    p = suites.add_parser("served", help="served (Triton gRPC) vs embedded throughput on one config (issue 4)")
-    p.add_argument("--config", type=Path, help="YAML config (default: configs/tiny.yaml on the tiny pair)")
-    p.add_argument("--clients", type=int, default=8)
+    p = suites.add_parser("served", help="served (Triton gRPC) vs embedded throughput on one config (issues 4, 14)")
+    p.add_argument("--config", type=Path, help="YAML config (default: configs/tiny.yaml on the tiny pair; "
+                                              "configs/sim-a100.yaml: the simulated A100 pair)")
+    p.add_argument("--clients", type=int, nargs="+", default=[8], help="concurrencies, all on one server")
     _common(p, reps=3, engine=False)
 
 
@@ -104,7 +105,7 @@ def _sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable
     return result, sweep.markdown, plot_sweep, args.engine
 
 
-def _served(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, None, str]:
+def _served(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:
     from tokenrouter.config import load_config
 
     from ..serve import TINY_CONFIG
@@ -114,7 +115,7 @@ def _served(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, None, s
     config = load_config(args.config or TINY_CONFIG)
     result = served.run_served(config, args.clients, setup.with_workload("short-long", args.max_tokens),
                                _timing(args, "tiny"), reps=args.reps, seed=args.seed)
-    return result, served.markdown, None, "tiny" if args.config is None else Path(args.config).stem
+    return result, served.markdown, plot_served, "tiny" if args.config is None else Path(args.config).stem
 
 
 SUITES = {"validate": _validate, "compare": _compare, "sweep": _sweep, "served": _served}

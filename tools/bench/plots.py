@@ -82,3 +82,31 @@ def plot_sweep(result: dict[str, Any], path: Path) -> Path:
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     return _save(fig, path)
+
+
+def plot_served(result: dict[str, Any], path: Path) -> Path:
+    """Served vs embedded over concurrency: throughput (with the spread over repetitions), TTFT p50,
+    and CPU per output token (served: the server's processes; embedded: the benchmark process)."""
+    points = result["points"]
+    xs = [p["clients"] for p in points]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for system, style in (("embedded", "o-"), ("served", "s-")):
+        medians = [p["medians"][system] for p in points]
+        values = [m["throughput"] for m in medians]
+        axes[0].errorbar(xs, values, fmt=style, capsize=3, label=system,
+                         yerr=[[v - min(m["throughput_all"]) for v, m in zip(values, medians)],
+                               [max(m["throughput_all"]) - v for v, m in zip(values, medians)]])
+        axes[1].plot(xs, [1e3 * _nan(m["ttft_median_s"]) for m in medians], style, label=system)
+        where = "server" if system == "served" else "this process"
+        axes[2].plot(xs, [_nan(m["cpu_ms_per_token"][where]) for m in medians], style,
+                     label=f"{system} ({where})")
+    axes[2].axhline(0.5, color="grey", linestyle=":", label="issue 14 target (server)")
+    for ax, label in zip(axes, ("tokens/s", "TTFT p50 ms", "CPU ms per output token")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("closed-loop clients N")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"served (Triton gRPC) vs embedded, median of {result['reps']}", fontsize=10)
+    return _save(fig, path)

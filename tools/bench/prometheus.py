@@ -55,3 +55,22 @@ def _bucket_quantile(cumulative: list[tuple[float, float]], count: float, q: flo
         if seen >= q * count:
             return bound
     return None
+
+
+def counter_delta(before: Samples, after: Samples, name: str) -> dict[str, float]:
+    """Per ``model`` label: how much counter ``name`` grew between two scrapes (summed over other labels)."""
+    out: dict[str, float] = {}
+    for (metric, labels), value in after.items():
+        model = dict(labels).get("model")
+        if metric == name and model:
+            out[model] = out.get(model, 0.0) + value - before.get((metric, labels), 0.0)
+    return out
+
+
+def triton_queue_delta(before: Samples, after: Samples) -> dict[str, dict[str, float]]:
+    """Per model, from Triton's own counters: requests that succeeded and their mean wait in the
+    model's queue (ms) between two scrapes; where a serving hop's requests pile up."""
+    requests = counter_delta(before, after, "nv_inference_request_success")
+    queued_us = counter_delta(before, after, "nv_inference_queue_duration_us")
+    return {model: {"requests": int(count), "queue_ms": queued_us.get(model, 0.0) / count / 1e3}
+            for model, count in sorted(requests.items()) if count > 0}

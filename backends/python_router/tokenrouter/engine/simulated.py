@@ -23,6 +23,7 @@ from .base import SeqId, StepResult, StepRow
 from .pooled import PooledEngine, sampled_result
 from .sim_profile import SimProfile, resolve_profile
 from .sim_tokens import TokenSource
+from .threads import IntraOpThreads
 
 if TYPE_CHECKING:
     from ..config import ModelSpec
@@ -30,7 +31,9 @@ if TYPE_CHECKING:
 
 class SimulatedEngine(PooledEngine):
     def __init__(self, name: str, profile: str | dict[str, Any] | SimProfile, *, block_size: int = 16,
-                 kv_cache_tokens: int = 16384) -> None:
+                 kv_cache_tokens: int = 16384, threads: int | None = None) -> None:
+        """``threads``: torch intra-op threads for sampling (None: torch's default; 1 keeps idle
+        OpenMP workers from spinning on cores the serving path needs)."""
         self.name = name
         self.profile = resolve_profile(profile)
         self._source = TokenSource(self.profile, self.profile.seed_for(name))
@@ -39,10 +42,12 @@ class SimulatedEngine(PooledEngine):
         self.last_latency_s = 0.0  # profiled latency of the last step (before time_scale)
         self.total_latency_s = 0.0  # sum over all steps: the simulated busy time
         self.num_steps = 0
+        self._intra_op = IntraOpThreads(threads)
 
     @classmethod
     def from_spec(cls, name: str, spec: "ModelSpec") -> "SimulatedEngine":
-        return cls(name, spec.profile, block_size=spec.block_size, kv_cache_tokens=spec.kv_cache_tokens)
+        return cls(name, spec.profile, block_size=spec.block_size, kv_cache_tokens=spec.kv_cache_tokens,
+                   threads=spec.threads)
 
     # --- shape facts ------------------------------------------------------------------------------
     @property
@@ -73,6 +78,7 @@ class SimulatedEngine(PooledEngine):
     # --- the step ---------------------------------------------------------------------------------
     def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
         started = time.perf_counter()
+        self._intra_op.apply()
         tokens = self.check_rows(rows, top_logits)
         self._pool.append({row.seq_id: len(new) for row, new in zip(rows, tokens)})  # all or nothing
         logits, hidden, positions = [], [], []

@@ -7,7 +7,6 @@ sequence that sits out steps keeps its blocks untouched, so resuming it costs on
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -17,6 +16,7 @@ from .base import SeqId, StepResult, StepRow
 from .loader import eos_token_ids_of, load_causal_lm, resolve_device
 from .paged_attention import ATTN_IMPLEMENTATION, LAYOUT_KWARG, PagedKVCache, StepLayout
 from .pooled import PooledEngine, sampled_result
+from .threads import IntraOpThreads
 
 if TYPE_CHECKING:  # the engine itself needs only torch and transformers (tools/gpu_check.py relies on it)
     from ..config import ModelSpec
@@ -38,8 +38,7 @@ class TorchEngine(PooledEngine):
         self._cache = PagedKVCache(config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
                                    head_dim, self._dtype, self._device)
         self._eos = eos_token_ids_of(getattr(model, "generation_config", None), model.config)
-        # torch's intra-op thread count is per OS thread: set it once in each thread that steps us.
-        self._thread_state = threading.local()
+        self._intra_op = IntraOpThreads(threads)
 
     @classmethod
     def from_spec(cls, name: str, spec: ModelSpec) -> "TorchEngine":
@@ -100,7 +99,7 @@ class TorchEngine(PooledEngine):
     def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
         self._check_attention()
         self.check_rows(rows, top_logits)
-        self._set_threads()
+        self._intra_op.apply()
         starts = [self._pool.length(row.seq_id) for row in rows]
         self._pool.append({row.seq_id: len(row.new_tokens) for row in rows})  # all or nothing
         try:
@@ -134,11 +133,6 @@ class TorchEngine(PooledEngine):
     def _check_attention(self) -> None:
         if self._config._attn_implementation != ATTN_IMPLEMENTATION:
             raise RuntimeError(f"engine '{self.name}': the model's attention was switched away from the paged hook")
-
-    def _set_threads(self) -> None:
-        if self.threads and not getattr(self._thread_state, "done", False):
-            torch.set_num_threads(self.threads)
-            self._thread_state.done = True
 
     def close(self) -> None:
         self.release_all()

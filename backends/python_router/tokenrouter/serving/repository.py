@@ -283,6 +283,7 @@ def _router_config(config: TokenRouterConfig, weights: str) -> mc.ModelConfig:
         "max_queue": config.scheduling.max_queue,
         "queue_timeout_s": config.scheduling.queue_timeout_s,
         "max_bypass": config.scheduling.max_bypass,
+        "max_responses_per_s": config.scheduling.max_responses_per_s,
         "max_model_len": config.max_model_len,
     }
     return model_config(ROUTER, backend=ROUTER_BACKEND, max_batch_size=0, outputs=("policy",), parameters=parameters)
@@ -422,6 +423,7 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
             "max_queue": json_param("max_queue"),
             "queue_timeout_s": json_param("queue_timeout_s"),
             "max_bypass": json_param("max_bypass"),
+            "max_responses_per_s": json_param("max_responses_per_s"),
         },
         # the default (the entry model's own tokenizer) reads back as the default
         "tokenizer": None if tokenizer == models.get(entry or next(iter(models), ""), {}).get("path") else tokenizer,

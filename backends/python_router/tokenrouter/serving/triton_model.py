@@ -18,6 +18,7 @@ from ..engine.factory import create_engine
 from ..runtime.assembly import build_policy, build_subserver, effective_max_model_len, kv_capacity
 from ..runtime.strategies import MULTI_PROCESS, make_strategy
 from .bls_transport import BlsTransport
+from .cpu_sampler import CpuSampler
 from .intake import SubserverIntake
 from .metrics import SubserverMetrics
 from .peer_auth import server_secret
@@ -66,6 +67,7 @@ class SubserverRole:
     def __init__(self, pb_utils: Any, args: dict[str, str], model_config: dict) -> None:
         self._pb = pb_utils
         self.name = args["model_name"]
+        self._sampler = CpuSampler.from_env(self.name)  # off unless TOKENROUTER_PROFILE names a folder
         config = read_repository(Path(args["model_repository"]).parent)
         if config.scheduling.strategy not in MULTI_PROCESS:
             raise ValueError(f"strategy '{config.scheduling.strategy}' needs all models in one process; in Triton "
@@ -83,7 +85,8 @@ class SubserverRole:
         self.subserver = build_subserver(config, self.name, engine, build_policy(config), self._transport,
                                          make_strategy(config.scheduling.strategy, len(config.models)),
                                          max_model_len=max_model_len, capacities=capacities)
-        self._writer = ResponseWriter(pb_utils, self.subserver, self._batch_dim)
+        self._writer = ResponseWriter(pb_utils, self.subserver, self._batch_dim,
+                                      max_responses_per_s=config.scheduling.max_responses_per_s)
         self._metrics = SubserverMetrics(pb_utils, self.subserver)
         self._intake = SubserverIntake(pb_utils, self.subserver, self._writer, config.model_names, secret,
                                        on_refused_peer_call=self._metrics.count_refused_peer_call)
@@ -102,3 +105,5 @@ class SubserverRole:
         self._transport.close()
         self._metrics.close()
         self.subserver.engine.close()
+        if self._sampler is not None:
+            self._sampler.stop()

@@ -1,0 +1,52 @@
+"""Streams at more tokens per second than one response per token can carry (issue 14).
+
+The shipped simulated A100 pair with its clock switched off (time_scale 0: steps as fast as the
+CPU allows), so each stream produces tokens faster than its paced responses go out (32 streams
+at scheduling.max_responses_per_s: one response per stream per 32 ms) and responses carry several
+tokens. Every stream must still equal the embedded engine's output: every token, in order, with
+its model, the finish reason and the UTF-8 text.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from tokenrouter import TokenRoutingEngine
+from tokenrouter.config import load_config
+from tokenrouter.serving.repository import render_repository
+from tokenrouter.text import TextCodec
+from tokenrouter_tools.triton_server import PROJECT_ROOT
+
+from .clients import grpc_inputs, grpc_stream, texts
+
+STREAMS, MAX_TOKENS = 32, 48
+
+
+@pytest.fixture(scope="module")
+def config():
+    config = load_config(PROJECT_ROOT / "configs" / "sim-a100.yaml")
+    for spec in config.models.values():
+        spec.profile = {**spec.profile, "time_scale": 0.0}
+    return config
+
+
+def test_coalesced_streams_deliver_every_token_in_order_with_its_model(config, start_server, tmp_path_factory):
+    server = start_server(render_repository(config, tmp_path_factory.mktemp("coalesce-repo")))
+    prompts = [f"def f{i}(x):\n    return x * {i}" for i in range(STREAMS)]
+    with TokenRoutingEngine(config, codec=TextCodec.from_path(config.tokenizer_path)) as embedded:
+        expected = embedded.generate(prompts, max_tokens=MAX_TOKENS, seed=7)
+    with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
+        served = list(pool.map(lambda p: grpc_stream(server.grpc_url, grpc_inputs(
+            text_input=p, max_tokens=MAX_TOKENS, random_seed=7, stream=True)), prompts))
+    for responses, want in zip(served, expected):
+        ids = [int(t) for r in responses for t in r["output_ids"].reshape(-1)]
+        models = [m.decode() for r in responses for m in r["output_models"].reshape(-1)]
+        assert (ids, models) == (want.token_ids, want.models)
+        assert responses[-1]["finish_reason"].reshape(-1)[0].decode() == want.finish_reason
+        assert "".join(texts(responses)) == want.text
+        assert responses[-1]["large_model_share"].reshape(-1)[0] == pytest.approx(want.large_model_share)
+    sizes = [r["output_ids"].size for responses in served for r in responses]
+    assert max(sizes) > 1, "no response carried more than one token: nothing was paced"
+    assert any("llm" in want.models for want in expected)
