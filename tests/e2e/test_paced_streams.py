@@ -17,7 +17,7 @@ from tokenrouter import TokenRoutingEngine
 from tokenrouter.config import load_config
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec
-from tokenrouter_tools.triton_server import PROJECT_ROOT
+from tokenrouter_tools.paths import shipped_config
 
 from .clients import grpc_inputs, grpc_stream, texts
 
@@ -26,7 +26,7 @@ STREAMS, MAX_TOKENS = 32, 48
 
 @pytest.fixture(scope="module")
 def config():
-    config = load_config(PROJECT_ROOT / "configs" / "sim-a100.yaml")
+    config = load_config(shipped_config("sim-a100.yaml"))
     for spec in config.models.values():
         spec.profile = {**spec.profile, "time_scale": 0.0}
     return config
