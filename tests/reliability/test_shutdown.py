@@ -63,18 +63,31 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
             launcher.wait()
 
 
+def _outcome(stream: concurrent.futures.Future) -> bytes | str:
+    """A stream's finish reason, or its error message."""
+    try:
+        return stream.result(timeout=60)[-1]["finish_reason"].reshape(-1)[0]
+    except InferenceServerException as err:
+        return str(err)
+
+
 def test_requests_that_outlast_the_drain_timeout_end_with_a_clear_reason(tmp_path: Path) -> None:
     launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=1")
     url = f"127.0.0.1:{ports.grpc}"
     try:
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            streams = [pool.submit(grpc_stream, url, grpc_inputs(text_input=PROMPTS[i], stream=True, max_tokens=1000,
-                                                                  random_seed=i), 120) for i in range(4)]
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            # 1000 tokens take the tiny pair far longer than the 1 s drain; a random tiny model may still
+            # sample eos early, so a stream may end normally by eos, never by length.
+            streams = [pool.submit(grpc_stream, url, grpc_inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
+                                                                  max_tokens=1000, random_seed=i), 120)
+                       for i in range(6)]
             time.sleep(1.0)
             launcher.send_signal(signal.SIGTERM)
-            for stream in streams:
-                with pytest.raises(InferenceServerException, match="shutting down; the request did not finish within 1 s"):
-                    stream.result(timeout=60)
+            outcomes = [_outcome(stream) for stream in streams]
+        ended = [o for o in outcomes if isinstance(o, str)]
+        assert all(o == b"eos" for o in outcomes if not isinstance(o, str)), outcomes
+        assert len(ended) >= 3, f"most streams should outlast the drain and be ended: {outcomes}"
+        assert all("the server is shutting down; the request did not finish within 1 s" in o for o in ended), ended
         rest, _ = launcher.communicate(timeout=120)
         assert launcher.returncode == 0 and "drain timed out" in rest, rest[-3000:]
     finally:
