@@ -58,7 +58,9 @@ class Supervisor:
         if self._entry is not None and self._entry not in dead:
             if self.server.end_in_flight(self._entry, f"{cause}; the server is restarting, try again"):
                 time.sleep(ERRORS_GRACE_S)
-        self.server.stop(grace_s=1.0)  # requests the entry could not end see the connection close
+        # Killed at once: the requests the entry could not end (it died, or the server did) see the
+        # connection close now rather than after a graceful shutdown, and the restart starts sooner.
+        self.server.stop(grace_s=0.0)
         self.server = dataclasses.replace(self.server)  # same settings and ports, a new process
         self.server.start().wait_ready(self._ready_timeout_s)
         self._say("ready again")
