@@ -29,11 +29,15 @@ def test_a_20_mb_prompt_is_refused_at_once_without_growing_preprocessing(routing
     http_generate(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 2})  # warm
     before = _rss_mb(pid)
     huge = "def f():\n    return 1\n" * (20 * 2**20 // 22)
-    start = time.monotonic()
-    with pytest.raises(InferenceServerException, match=f"limit is {BYTES_PER_TOKEN_BOUND * MAX_MODEL_LEN}"):
-        grpc_stream(server.grpc_url, grpc_inputs(text_input=huge, max_tokens=4))
-    elapsed = time.monotonic() - start
-    assert elapsed < 2.0, f"refusing 20 MB took {elapsed:.2f} s"
+    took = []
+    for _ in range(5):  # the first one also grows the stubs' shared memory to hold 20 MB
+        start = time.monotonic()
+        with pytest.raises(InferenceServerException, match=f"limit is {BYTES_PER_TOKEN_BOUND * MAX_MODEL_LEN}"):
+            grpc_stream(server.grpc_url, grpc_inputs(text_input=huge, max_tokens=4))
+        took.append(time.monotonic() - start)
+    print(f"20 MB refused in {sorted(took)[2] * 1000:.0f} ms (median of 5; each: "
+          f"{', '.join(f'{t * 1000:.0f}' for t in took)} ms)")
+    assert max(took) < 2.0, f"refusing 20 MB took {max(took):.2f} s"
     assert _rss_mb(pid) - before < 64, f"preprocessing grew from {before:.0f} MB to {_rss_mb(pid):.0f} MB"
     reply = http_generate(server.http_url, {"text_input": PROMPTS[1], "max_tokens": 4})
     assert len(reply["output_ids"]) == 4

@@ -18,11 +18,13 @@ from tokenrouter_tools.triton_server import stub_pids
 
 USERS = 16
 WARM_UP_S = 60.0
+MINUTES = float(os.environ.get("TOKENROUTER_SOAK_MINUTES", "10"))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(MINUTES * 60 + 300)  # the run itself, plus start and stop (the default is 600 s)
 def test_sixteen_users_for_ten_minutes_no_failure_and_flat_memory(tmp_path) -> None:
-    minutes = float(os.environ.get("TOKENROUTER_SOAK_MINUTES", "10"))
+    minutes = MINUTES
     launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"))
     log: list[str] = []
     threading.Thread(target=lambda: log.extend(launcher.stdout), daemon=True).start()
