@@ -16,7 +16,7 @@ from tokenrouter_tools.quality_bench.humaneval import (
     uses_chat_template,
 )
 from tokenrouter_tools.quality_bench.report import (
-    binomial_stderr, gain_ratio, markdown_table, read_json, summarize, write_json,
+    binomial_stderr, bootstrap_gain_ci, gain_ratio, markdown_table, mcnemar_exact, read_json, summarize, write_json,
 )
 from tokenrouter_tools.quality_bench.runner import PolicyRun, ProblemRecord
 from tokenrouter_tools.quality_bench.settings import PRESETS, parse_settings
@@ -189,8 +189,31 @@ def test_summary_target_json_and_table(tmp_path):
 
     table = markdown_table(summarize(runs)).splitlines()
     assert len(table) == 2 + len(runs)
-    assert "| `r2r:threshold=0.2` | 5 | 0.600 (3/5) | 0.219 | +2 / −0 | 20.0% |" in table[4] and "**yes**" in table[4]
+    assert "| `r2r:threshold=0.2` | 5 | 0.600 (3/5) | 0.219 | +2 / −0 | 0.500 | 20.0% |" in table[4] and "**yes**" in table[4]
     assert "| `citer` |" in table[5] and "| no |" in table[5]
+
+
+def test_mcnemar_exact_against_the_binomial_tail():
+    """Catches a one-sided or off-by-one tail: 2 vs 0 discordant pairs has p = 2 * (1/4) = 0.5;
+    9 vs 1 has p = 2 * (1 + 10) / 1024; an even split has p = 1; none at all is no evidence."""
+    assert mcnemar_exact(2, 0) == pytest.approx(0.5) and mcnemar_exact(0, 2) == pytest.approx(0.5)
+    assert mcnemar_exact(9, 1) == pytest.approx(22 / 1024)
+    assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(20, 2) < 0.001
+
+
+def test_bootstrap_interval_holds_the_ratio_and_narrows_with_more_problems():
+    """Catches an interval that ignores the pairing or the sample size: a setting that always
+    equals LLM-only has ratio 1 in every resample; a noisy one's interval holds its point
+    estimate and narrows when the same pattern is seen on four times the problems."""
+    same = [(False, True, True)] * 3 + [(True, True, True)] * 5 + [(False, False, False)] * 2
+    assert bootstrap_gain_ci(same) == (1.0, 1.0)
+    pattern = [(False, True, True), (False, True, False), (True, True, True), (False, False, True), (True, False, True)]
+    small, large = bootstrap_gain_ci(pattern * 4), bootstrap_gain_ci(pattern * 16)
+    point = (4 - 2) / (3 - 2)  # per pattern: SLM-only passes 2, LLM-only 3, the setting 4
+    assert small[0] <= point <= small[1] and large[0] <= point <= large[1]
+    assert large[1] - large[0] < small[1] - small[0]
+    assert bootstrap_gain_ci([(True, False, True)] * 5) is None  # LLM-only never gains
 
 
 def test_no_gain_ratio_without_both_baselines():
