@@ -148,15 +148,16 @@ def run(args: argparse.Namespace) -> int:
     server = TritonServer(repository, backend_dir, install, Ports(args.http_port, args.grpc_port, args.metrics_port),
                           host=args.host, log_sink=write_lines(sys.stderr), extra_args=tuple(args.triton_arg))
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def announce(line: str) -> None:
+        print(f"tokenrouter serve: {line}", file=sys.stderr)
+
     try:
-        print(f"tokenrouter serve: {install.binary} with {repository}", file=sys.stderr)
-        server.start().wait_ready(args.ready_timeout)
-        print(f"tokenrouter serve: ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{ENSEMBLE}/generate, "
-              f"generate_stream), gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. "
-              f"Ctrl-C stops.",
-              file=sys.stderr)
-        supervisor = Supervisor(server, _entry_model(repository), args.ready_timeout,
-                                lambda line: print(f"tokenrouter serve: {line}", file=sys.stderr))
+        announce(f"{install.binary} with {repository}")
+        server = server.start_ready(args.ready_timeout, say=announce)
+        announce(f"ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{ENSEMBLE}/generate, generate_stream), "
+                 f"gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. Ctrl-C stops.")
+        supervisor = Supervisor(server, _entry_model(repository), args.ready_timeout, announce)
         try:
             supervisor.run_forever()
         finally:

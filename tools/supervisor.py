@@ -37,7 +37,7 @@ class Supervisor:
 
     def _watch(self) -> tuple[str, list[str]]:
         """Block until something is wrong; returns what, and which models lost their stub."""
-        stubs = self.server.stubs()
+        stubs = self.server.ready_stubs
         while True:
             time.sleep(WATCH_PERIOD_S)
             code = self.server.process.poll()

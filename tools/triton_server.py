@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
@@ -38,6 +39,15 @@ SYSTEM_TRITON_HOME = Path("/opt/tritonserver")
 
 class TritonError(RuntimeError):
     """The server could not be found, started or made ready; the message says why."""
+
+
+class StartAborted(TritonError):
+    """tritonserver was killed by a signal before it was ready (not a bad repository: that exits
+    with a code). Seen with the bundled 2.51 on a busy machine: an uncaught
+    ``boost::interprocess::lock_exception`` in its Python backend aborts the start (SIGABRT)."""
+
+
+START_ATTEMPTS = 3  # a start that aborts is tried again this many times in all
 
 
 def check_numpy_for_wheel_stub() -> None:
@@ -172,6 +182,9 @@ class TritonServer:
     process: subprocess.Popen[str] | None = field(default=None, init=False)
     peer_secret: str = field(default="", init=False, repr=False)
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=60), init=False)
+    # model -> stub pid, read the moment the server turned ready: what a supervisor must watch (read
+    # later, a stub that died in between would be missing from the list and never noticed)
+    ready_stubs: dict[str, int] = field(default_factory=dict, init=False)
     _reader: threading.Thread | None = field(default=None, init=False)
 
     def command(self) -> list[str]:
@@ -245,14 +258,35 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self._join_reader()
-                raise TritonError(
+                error = StartAborted if self.process.returncode < 0 else TritonError
+                raise error(
                     f"tritonserver exited with code {self.process.returncode} before it was ready; "
                     f"last log lines:\n{self.log_tail()}"
                 )
             if self.is_ready():
+                self.ready_stubs = self.stubs()
                 return self
             time.sleep(0.25)
         raise TritonError(f"tritonserver not ready after {timeout_s:.0f} s; last log lines:\n{self.log_tail()}")
+
+    def start_ready(self, timeout_s: float = 300.0, say: Callable[[str], None] = lambda line: None) -> "TritonServer":
+        """Start and wait until ready; a start that aborts (``StartAborted``) is made again with a
+        fresh process, up to START_ATTEMPTS in all. Returns the server that is ready."""
+        server = self
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return server.start().wait_ready(timeout_s)
+            except StartAborted as aborted:
+                server.stop()  # its stubs and shared memory
+                if attempt == START_ATTEMPTS:
+                    raise
+                say(f"{str(aborted).splitlines()[0]}; starting it again ({attempt + 1} of {START_ATTEMPTS})")
+                server = dataclasses.replace(server)
+            except BaseException:
+                if server is not self:  # the caller holds (and stops) only the first one
+                    server.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def stubs(self) -> dict[str, int]:
         """Model name -> pid of its Python-backend stub."""

@@ -96,6 +96,7 @@ def test_a_loop_that_dies_is_observable_and_fails_its_requests(monkeypatch):
         assert stuck.done.wait(5), "the request of a dead loop never ended"
         assert stuck.finish == "error" and "a bug in the core" in stuck.error
         assert not server.alive and "a bug in the core" in server.failure
+        assert server.died.wait(5)  # what the Triton glue waits on to take the stub down
         assert engine.held == set()  # its KV was released
         late = Sink()
         with pytest.raises(RuntimeError, match="is down"):
@@ -123,6 +124,7 @@ def test_a_stopped_loop_is_not_alive_and_ends_requests_in_flight():
     server.submit("r0", [1], RequestSpec(prompt_len=1, max_tokens=60), sink)
     server.stop()
     assert not server.alive and sink.done.wait(5) and sink.finish in ("error", "length")
+    assert not server.died.is_set()  # a stop is not a death: the stub must not take itself down
 
 
 def test_the_queue_bound_counts_submissions_the_loop_has_not_taken_yet():

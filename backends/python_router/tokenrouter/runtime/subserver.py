@@ -6,8 +6,8 @@ lock-free and makes "no subserver ever waits for another's step" hold by constru
 decides nothing: it asks the core, runs the engine step the core picked, and performs the effects
 the core returns (send, emit, release) in order.
 
-A loop that dies anyway (a bug) is observable (``alive``, ``failure``) and fails every request it
-held or had queued with the error, so no client waits forever.
+A loop that dies anyway (a bug) is observable (``alive``, ``failure``, the ``died`` event) and fails
+every request it held or had queued with the error, so no client waits forever.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Subserver:
         self.strategy = strategy
         self.observers = list(observers)
         self.failure: str | None = None  # why the loop died, if it did
+        self.died = threading.Event()  # set once a dead loop has failed its requests
         self._inbox: queue.Queue = queue.Queue()
         self._queue_lock = threading.Lock()  # guards the admission bound (see ``submit``)
         self._submits_in_inbox = 0
@@ -127,6 +128,7 @@ class Subserver:
             log.exception("the loop of subserver %s died", self.name)
             self.failure = f"{type(exc).__name__}: {exc}"
             self._fail_everything(f"subserver '{self.name}' failed: {self.failure}")
+            self.died.set()
             return
         self._apply(self.core.shutdown("the server is shutting down"))
 

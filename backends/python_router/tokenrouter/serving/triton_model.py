@@ -9,6 +9,9 @@ messages to the other subservers, signed with this server start's secret (peer_a
 from __future__ import annotations
 
 import json
+import logging
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,10 @@ from .metrics import SubserverMetrics
 from .peer_auth import server_secret
 from .repository import read_repository
 from .responses import ResponseWriter
+
+log = logging.getLogger(__name__)
+# Exit status of a stub that takes itself down because its subserver's loop died (EX_SOFTWARE).
+LOOP_DIED_EXIT = 70
 
 
 def create_role(pb_utils: Any, args: dict[str, str]) -> "SubserverRole | RouterRole":
@@ -91,6 +98,17 @@ class SubserverRole:
         self._intake = SubserverIntake(pb_utils, self.subserver, self._writer, config.model_names, secret,
                                        on_refused_peer_call=self._metrics.count_refused_peer_call)
         self.subserver.start()
+        threading.Thread(target=self._exit_when_the_loop_dies, name="loop-watchdog", daemon=True).start()
+
+    def _exit_when_the_loop_dies(self) -> None:
+        """A dead loop has failed its requests, but Triton 2.51 gives a Python model no way to say it
+        is unhealthy: the model would stay READY and take requests it can only refuse. So once the
+        error responses are out, the stub ends itself; the launcher's supervisor sees a dead stub,
+        takes the server down and starts it again (docs/reliability.md)."""
+        self.subserver.died.wait()
+        self._writer.close()  # sends what is queued (the requests' errors) first
+        log.critical("model %s: the subserver loop died (%s); ending this stub", self.name, self.subserver.failure)
+        os._exit(LOOP_DIED_EXIT)
 
     def _on_transport_failure(self, rid: str, error: str) -> None:
         self.subserver.fail(rid, error)

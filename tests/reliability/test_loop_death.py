@@ -1,0 +1,116 @@
+"""A subserver loop that dies anyway (a bug) under Triton: its requests end with an error, the
+server stops saying it is ready, and `tokenrouter serve` brings it back.
+
+The bug is injected from outside the product, the way a user extends a repository: the rendered
+tiny repository's `llm` model is served by the plain Python backend through a test model.py
+that wraps the real backend and makes its loop raise once a trigger file exists. Nothing in the
+product knows about it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from e2e.clients import grpc_inputs, grpc_stream, http_generate
+from e2e.test_routing_server import PROMPTS
+from e2e.test_serve import _launch
+from tokenrouter.serving.repository import render_repository
+from tokenrouter_engines.tiny import ensure_tiny_pair
+from tokenrouter_tools.serve import TINY_CONFIG, TINY_FAMILY, TINY_SEED, _with_pair
+
+BROKEN_MODEL = "llm"
+BREAKING_MODEL_PY = '''
+import os
+
+from tokenrouter.serving.backend_entry import TritonPythonModel as Backend
+
+
+class TritonPythonModel(Backend):
+    def initialize(self, args):
+        super().initialize(args)
+        subserver = self.role.subserver
+        execute = subserver._execute
+
+        def broken(batch):
+            if os.path.exists({trigger!r}):
+                raise RuntimeError("a bug injected by the test")
+            return execute(batch)
+
+        subserver._execute = broken
+'''
+
+
+def _repository_with_a_breakable_loop(repo: Path, trigger: Path) -> Path:
+    render_repository(_with_pair(TINY_CONFIG, ensure_tiny_pair(TINY_FAMILY, TINY_SEED)), repo)
+    config = repo / BROKEN_MODEL / "config.pbtxt"
+    config.write_text(config.read_text().replace('backend: "python_router"', 'backend: "python"'))
+    (repo / BROKEN_MODEL / "1" / "model.py").write_text(BREAKING_MODEL_PY.format(trigger=str(trigger)))
+    return repo
+
+
+def _ready(http_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=1) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def test_a_dead_loop_fails_its_requests_marks_the_server_not_ready_and_heals(tmp_path: Path) -> None:
+    """Catches a loop that dies silently under Triton: before the stub took itself down, the
+    requests failed but Triton kept the model READY and every later request reaching the model
+    was refused, with no restart (the supervisor watches processes, not threads)."""
+    trigger = tmp_path / "break-now"
+    repo = _repository_with_a_breakable_loop(tmp_path / "repo", trigger)
+    launcher, ports = _launch("--model-repository", str(repo))
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(launcher.stdout), daemon=True).start()
+    grpc_url, http_url = f"127.0.0.1:{ports.grpc}", f"127.0.0.1:{ports.http}"
+    try:
+        assert _ready(http_url)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            streams = [pool.submit(grpc_stream, grpc_url, grpc_inputs(text_input=PROMPTS[i], stream=True,
+                                                                       max_tokens=1000, random_seed=i), 120)
+                       for i in range(4)]
+            time.sleep(1.0)  # every stream is decoding, and the tiny routing policy hands tokens to llm
+            trigger.touch()
+            broken_at = time.monotonic()
+            not_ready_seen = False
+            ended = []
+            for stream in streams:
+                try:
+                    stream.result(timeout=60)
+                except InferenceServerException:
+                    ended.append(time.monotonic() - broken_at)
+                except concurrent.futures.TimeoutError:
+                    pytest.fail("a request of the dead loop never ended:\n" + "".join(log[-60:]))
+                else:
+                    pytest.fail("a request of the dead loop finished as if nothing had happened")
+        trigger.unlink()  # the restarted server must not break again
+        deadline = time.monotonic() + 240
+        while not any("ready again" in line for line in log):
+            not_ready_seen = not_ready_seen or not _ready(http_url)
+            assert time.monotonic() < deadline, "the server did not come back:\n" + "".join(log[-40:])
+            time.sleep(0.1)
+        assert any(f"model {BROKEN_MODEL}: the subserver loop died" in line for line in log), "".join(log[-40:])
+        assert not_ready_seen, "readiness never dropped while the broken server was replaced"
+        assert max(ended) < 2.0, f"requests ended {max(ended):.2f} s after the loop died"
+        reply = http_generate(http_url, {"text_input": PROMPTS[0], "max_tokens": 8})
+        assert len(reply["output_ids"]) == 8
+        print(f"requests ended within {max(ended):.2f} s of the loop's death")
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            launcher.wait(timeout=60)
+        except Exception:
+            launcher.kill()
+            launcher.wait()

@@ -1,0 +1,79 @@
+"""The launcher's start: a tritonserver killed by a signal before it is ready is started again;
+one that exits with a code (a repository that cannot load) is not.
+
+The stand-in binary below plays tritonserver's part as the launcher sees it from outside (a
+process that dies, or answers /v2/health/ready on its HTTP port); what is tested is the
+launcher's retry rule, not Triton.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tokenrouter_tools.triton_server import START_ATTEMPTS, Ports, StartAborted, TritonError, TritonInstall, TritonServer
+
+STAND_IN = '''#!{python}
+import http.server, os, signal, sys
+from pathlib import Path
+
+runs = Path({runs!r})
+runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
+if len(runs.read_text()) <= {aborts}:
+    os.kill(os.getpid(), signal.{signal})  # as the bundled 2.51 does on its lock_exception
+if {exit_code}:
+    sys.exit({exit_code})
+port = int(next(a for a in sys.argv if a.startswith("--http-port=")).split("=")[1])
+
+
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
+'''
+
+
+def _server(tmp_path: Path, *, aborts: int, exit_code: int = 0, sig: str = "SIGABRT") -> tuple[TritonServer, Path]:
+    runs = tmp_path / "runs"
+    binary = tmp_path / "tritonserver"
+    binary.write_text(STAND_IN.format(python=sys.executable, runs=str(runs), aborts=aborts, exit_code=exit_code,
+                                      signal=sig))
+    binary.chmod(0o755)
+    install = TritonInstall(binary=binary, backends=tmp_path)
+    return TritonServer(tmp_path, tmp_path, install, Ports.free()), runs
+
+
+def test_a_start_that_aborts_is_made_again_until_it_is_ready(tmp_path: Path) -> None:
+    """Catches a launcher that gives up on the first abort (the issue's exit -6 at startup)."""
+    server, runs = _server(tmp_path, aborts=START_ATTEMPTS - 1)
+    said: list[str] = []
+    ready = server.start_ready(30, say=said.append)
+    try:
+        assert ready.is_ready() and len(runs.read_text()) == START_ATTEMPTS
+        assert len(said) == START_ATTEMPTS - 1 and all("exited with code -6" in line for line in said)
+        assert server.process.poll() is not None  # the aborted first process is gone
+    finally:
+        ready.stop()
+
+
+def test_aborting_every_time_gives_up_after_the_last_attempt(tmp_path: Path) -> None:
+    server, runs = _server(tmp_path, aborts=START_ATTEMPTS, sig="SIGSEGV")
+    with pytest.raises(StartAborted, match="exited with code -11 before it was ready"):
+        server.start_ready(30)
+    assert len(runs.read_text()) == START_ATTEMPTS
+
+
+def test_a_start_that_exits_with_a_code_is_not_made_again(tmp_path: Path) -> None:
+    """Catches a retry of a repository that cannot load: the same error three times, three times slower."""
+    server, runs = _server(tmp_path, aborts=0, exit_code=1)
+    with pytest.raises(TritonError, match="exited with code 1 before it was ready") as raised:
+        server.start_ready(30)
+    assert not isinstance(raised.value, StartAborted) and runs.read_text() == "x"
