@@ -91,15 +91,18 @@ def compare_systems(systems: dict, prompts: list[list[int]], args: argparse.Name
 
 # --- routing: TokenRouter on vLLM vs the large model alone on vLLM --------------------------------
 def routing_prompts(config_path: Path, count: int) -> tuple[list[list[int]], list[int]]:
-    """HumanEval problems as chat turns, encoded as the served endpoint would; and the stop ids."""
+    """HumanEval problems as `tokenrouter quality` prompts them (a chat turn with the answer begun
+    as the problem's code, so the policies route as in docs/quality.md); and the end ids."""
     from tokenrouter.text import TextCodec
 
-    from .quality_bench.humaneval import CHAT_INSTRUCTION, load_problems
+    from .quality_bench.humaneval import load_problems, prompt_text
 
     config = load_config(config_path)
-    codec = TextCodec.from_path(config.tokenizer_path, chat_template=True)
+    codec = TextCodec.from_path(config.tokenizer_path, chat_template=True)  # end ids: <|im_end|> too
     problems = load_problems(count, sample_seed=0)
-    prompts = [codec.encode_prompt(CHAT_INSTRUCTION.format(prompt=p["prompt"])) for p in problems]
+    # The prefill prompt renders its own chat turn: encode it as it is.
+    prompts = [codec.tokenizer.encode(prompt_text(p, "prefill", codec.tokenizer), add_special_tokens=False)
+               for p in problems]
     return prompts, codec.end_ids()
 
 

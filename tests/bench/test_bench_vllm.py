@@ -20,3 +20,20 @@ def test_engine_worker_systems_agree_token_for_token(tiny_pair):
     assert set(result["resume_ms"]) >= {"decode_1", "extend_1", "extend_4", "prefill_prefix+1"}
     table = report_engines([result])
     assert "| small | 8 |" in table and "8/8, 8/8" in table
+
+
+def test_routing_runs_both_phases_and_reports_the_speedup(tiny_pair):
+    """Catches a routing comparison that never ran end to end (its large-alone phase once called
+    vLLM's own loop with arguments that loop did not take): TokenRouter on vLLM, then the large
+    model alone on vLLM, on the same HumanEval prompts, and the report of both."""
+    from tokenrouter_tools.bench_vllm import report_routing, run_routing
+    from tokenrouter_tools.serve import TINY_CONFIG, _with_pair
+
+    args = argparse.Namespace(config=_with_pair(TINY_CONFIG, tiny_pair).model_dump(), requests=2, clients=2, cores=1,
+                              policy="random", policy_params='{"rate": 0.5}', max_tokens=6, reps=1)
+    result = run_routing(args)
+    routed, alone = result["runs"]["tokenrouter"][0], result["runs"]["large_alone"][0]
+    assert 0 < routed["tokens"] <= 2 * 6 and 0 < alone["tokens"] <= 2 * 6
+    assert 0.0 < result["large_share"] < 1.0  # rate 0.5: both models wrote
+    assert result["speedup"] == result["tok_s"]["tokenrouter"] / result["tok_s"]["large_alone"]
+    assert "speedup" in report_routing(result)

@@ -280,7 +280,7 @@ class VLLMEngine(LengthTable, Engine):
 
         model.compute_logits = capturing_compute_logits
 
-    def generate_natively(self, prompts: Sequence[Sequence[int]], max_tokens: int, *,
+    def generate_natively(self, prompts: Sequence[Sequence[int]], max_tokens: int,
                           stop_token_ids: Sequence[int] = ()) -> tuple[list[list[int]], int]:
         """vLLM's own continuous-batching loop (what ``LLM.generate`` runs) on this engine's weights,
         greedy: the ceiling the step adapter is measured against, and the large-model-alone
