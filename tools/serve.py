@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from tokenrouter.config import ConfigError, TokenRouterConfig, load_config
-from tokenrouter.serving.repository import ENSEMBLE, read_repository, render_repository
+from tokenrouter.serving.repository import read_repository, render_repository
 
 from .paths import model_repository_dir, runtime_dir, shipped_config
 from .supervisor import Supervisor
@@ -116,12 +116,13 @@ def _raise_stop(signum: int, _frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
-def _entry_model(repository: Path) -> str | None:
-    """The entry subserver of a TokenRouter repository; None for any other repository."""
+def _served_models(repository: Path) -> tuple[str | None, list[str]]:
+    """The entry subserver and the fronts of a TokenRouter repository; (None, []) for any other."""
     try:
-        return read_repository(repository).entry
+        config = read_repository(repository)
     except ConfigError:
-        return None
+        return None, []
+    return config.entry, config.frontend.names
 
 
 def _ignore_stop_signals() -> None:
@@ -151,11 +152,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(f"tokenrouter serve: {install.binary} with {repository}", file=sys.stderr)
         server.start().wait_ready(args.ready_timeout)
-        print(f"tokenrouter serve: ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{ENSEMBLE}/generate, "
+        entry, fronts = _served_models(repository)
+        front = fronts[0] if fronts else "<model>"
+        print(f"tokenrouter serve: ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{front}/generate, "
               f"generate_stream), gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. "
               f"Ctrl-C stops.",
               file=sys.stderr)
-        supervisor = Supervisor(server, _entry_model(repository), args.ready_timeout,
+        supervisor = Supervisor(server, entry, args.ready_timeout,
                                 lambda line: print(f"tokenrouter serve: {line}", file=sys.stderr))
         try:
             supervisor.run_forever()
@@ -165,13 +168,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenrouter serve: {stop}: refusing new requests, draining those in flight "
               f"(up to {args.drain_timeout:g} s)", file=sys.stderr)
         _ignore_stop_signals()
-        if not server.drain(ENSEMBLE, args.drain_timeout):
+        entry, fronts = _served_models(repository)
+        if not server.drain(fronts, args.drain_timeout):
             reason = f"the server is shutting down; the request did not finish within {args.drain_timeout:g} s"
             print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
-            entry = _entry_model(repository)
             if entry is not None:
                 server.end_in_flight(entry, reason)
-            server.drain(ENSEMBLE, ENDING_GRACE_S)  # their errors reach the clients through the ensemble
+            server.drain(fronts, ENDING_GRACE_S)  # their errors reach the clients through the fronts
         else:
             print("tokenrouter serve: drained", file=sys.stderr)
         print("tokenrouter serve: stopping tritonserver", file=sys.stderr)
