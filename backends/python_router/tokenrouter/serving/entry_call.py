@@ -12,6 +12,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from .bls_transport import PEER_INPUT
+from .error_codes import code_of
 from .front_outputs import EntryChunk
 from .peer_auth import cancel_parameters
 from .schema import SUBSERVER_INPUTS, SUBSERVER_OUTPUTS
@@ -27,17 +28,20 @@ class EntryError(Exception):
 
 def stream_from_entry(pb_utils: Any, entry: str, inputs: Mapping[str, np.ndarray],
                       parameters: Mapping[str, str]) -> Iterator[EntryChunk]:
-    """The entry's chunks for one generation, the last one final; raises EntryError."""
+    """The entry's chunks for one generation, the last one final; raises EntryError, also for an
+    error the entry sent as data (error_codes.py)."""
     request = pb_utils.InferenceRequest(model_name=entry, inputs=[pb_utils.Tensor(n, a) for n, a in inputs.items()],
                                         requested_output_names=list(SUBSERVER_OUTPUTS), parameters=dict(parameters))
     for response in request.exec(decoupled=True):
-        if response.has_error():
-            error = response.error()
-            code = error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
-            raise EntryError(error.message(), code)
+        if response.has_error():  # only as the first response: Triton loses later ones (error_codes.py)
+            raise EntryError(response.error().message(), pb_utils.TritonError.INTERNAL)
         outputs = {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
-        if outputs:  # an empty FINAL carries nothing (the entry sends FINAL with its last chunk when it can)
-            yield EntryChunk.of(outputs)
+        if not outputs:  # the entry's first, empty response, or an empty FINAL
+            continue
+        chunk = EntryChunk.of(outputs)
+        if chunk.finish_reason == "error":
+            raise EntryError(chunk.error, code_of(pb_utils, chunk.error_code))
+        yield chunk
 
 
 def cancel_at_entry(pb_utils: Any, entry: str, secret: str, keys: list[str]) -> None:

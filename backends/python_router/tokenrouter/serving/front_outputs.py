@@ -31,6 +31,8 @@ class EntryChunk:
     finish_reason: str
     large_share: float
     final: bool
+    error: str = ""  # with finish_reason "error": the message, and the code's name (error_codes.py)
+    error_code: str = ""
 
     @classmethod
     def of(cls, outputs: Mapping[str, np.ndarray]) -> "EntryChunk":
@@ -38,8 +40,12 @@ class EntryChunk:
             array = outputs.get(name)
             return np.zeros(0) if array is None else array.reshape(-1)
 
+        def text(name: str) -> str:
+            return flat(name)[0].decode() if name in outputs else ""
+
         return cls(flat("output_ids"), flat("prefix_ids"), flat("output_models"), flat("output_log_probs"),
-                   flat("finish_reason")[0].decode(), float(flat("large_model_share")[0]), bool(flat("is_final")[0]))
+                   text("finish_reason"), float(flat("large_model_share")[0]), bool(flat("is_final")[0]),
+                   text("error"), text("error_code"))
 
 
 def chunk_outputs(chunk: EntryChunk, text: str) -> dict[str, np.ndarray]:

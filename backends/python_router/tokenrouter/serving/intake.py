@@ -59,12 +59,12 @@ class SubserverIntake:
             else:
                 self._submit(request, sender)
         except RequestError as exc:
-            self._reject(sender, str(exc), self._pb.TritonError.INVALID_ARG)
+            self._reject(request, sender, str(exc), self._pb.TritonError.INVALID_ARG)
         except ServerBusy as exc:  # the admission queue is full: the client may retry later
-            self._reject(sender, str(exc), self._pb.TritonError.UNAVAILABLE)
+            self._reject(request, sender, str(exc), self._pb.TritonError.UNAVAILABLE)
         except Exception as exc:  # noqa: BLE001 - a bug here must cost one request, never the server
             log.exception("%s: request failed in the Triton glue", self._subserver.name)
-            self._reject(sender, f"internal error: {type(exc).__name__}: {exc}", self._pb.TritonError.INTERNAL)
+            self._reject(request, sender, f"internal error: {type(exc).__name__}: {exc}", self._pb.TritonError.INTERNAL)
 
     def _take_peer_messages(self, request: Any) -> None:
         parameters = request_parameters(request) or {}
@@ -157,10 +157,13 @@ class SubserverIntake:
             raise RequestError(f"{name} must hold one value, got {array.size}")
         return array.reshape(-1)[0].item()
 
-    def _reject(self, sender: Any, message: str, code: int) -> None:
+    def _reject(self, request: Any, sender: Any, message: str, code: int) -> None:
         """The error goes out from the writer thread, after whatever it was given for this sender
-        before (a front's accepted response), never next to it from this one."""
-        self._writer.error("", sender, message, code)
+        before (a front's accepted response), never next to it from this one; to a front, as data
+        (error_codes.py)."""
+        parameters = request_parameters(request) or {}
+        to_front = REQUEST_KEY_PARAMETER in parameters and carries_secret(parameters, self._secret)
+        self._writer.error("", sender, message, code, in_band=to_front)
 
 
 def _refuse_a_fully_banned_vocabulary(bad_sequences: list[list[int]], vocab_size: int) -> None:

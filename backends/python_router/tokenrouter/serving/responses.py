@@ -28,6 +28,7 @@ import numpy as np
 
 from ..runtime.emission import large_model_share
 from .detokenize import PREFIX_TOKENS
+from .error_codes import code_name
 from .schema import SUBSERVER_OUTPUTS
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,17 @@ class Chunk:
         self.finish_reason, self.large_share = later.finish_reason, later.large_share
 
     def tensors(self) -> dict[str, np.ndarray]:
-        """The subserver's outputs (schema.SUBSERVER_OUTPUTS), each one batch row."""
+        """The subserver's outputs (schema.SUBSERVER_OUTPUTS, but the error ones), each one batch row."""
         values = {"output_ids": self.tokens, "prefix_ids": self.prefix, "output_models": self.origins,
                   "output_log_probs": self.logprobs, "finish_reason": (self.finish_reason or "").encode(),
                   "large_model_share": self.large_share, "is_final": self.final}
-        return {name: tensor.row(values[name]) for name, tensor in SUBSERVER_OUTPUTS.items()}
+        return {name: SUBSERVER_OUTPUTS[name].row(value) for name, value in values.items()}
+
+
+def in_band_error(message: str, code_name: str) -> dict[str, np.ndarray]:
+    """A front's failed request's last response, as data (error_codes.py says why)."""
+    return {**Chunk([], [], [], "error", 0.0, []).tensors(), "error": SUBSERVER_OUTPUTS["error"].row(message.encode()),
+            "error_code": SUBSERVER_OUTPUTS["error_code"].row(code_name.encode())}
 
 
 @dataclass
@@ -85,6 +92,7 @@ class _Error:
     sender: Any
     message: str
     code: Any = None  # a TritonError code; None: Triton's default (INTERNAL)
+    in_band: bool = False  # a front's request: the error goes as data (error_codes.py)
     final = True
 
 
@@ -223,8 +231,13 @@ class ResponseWriter:
     def respond(self, rid: str, sender: Any, chunk: Chunk) -> None:
         self._queue.put(_Data(rid, sender, chunk))
 
-    def error(self, rid: str, sender: Any, message: str, code: Any = None) -> None:
-        self._queue.put(_Error(rid, sender, message, code))
+    def error(self, rid: str, sender: Any, message: str, code: Any = None, in_band: bool | None = None) -> None:
+        """End ``rid`` with an error; ``in_band`` (None: whether a front named the request) sends it
+        as data, the way a front can receive it (error_codes.py)."""
+        if in_band is None:
+            with self._lock:
+                in_band = rid in self._key_of
+        self._queue.put(_Error(rid, sender, message, code, in_band))
 
     def accept(self, sender: Any) -> None:
         self._queue.put(_Accepted(sender))
@@ -266,19 +279,28 @@ class ResponseWriter:
     def _send(self, item: Item) -> None:
         pb = self._pb
         sender, final = item.sender, item.final
+        with self._lock:
+            in_band = item.in_band if isinstance(item, _Error) else item.rid in self._key_of
         if final:
             self.untrack(item.rid)
         try:
             if isinstance(item, _Error):
-                error = pb.TritonError(item.message) if item.code is None else pb.TritonError(item.message, item.code)
-                response = pb.InferenceResponse(output_tensors=[], error=error)
+                response = self._error_response(item.message, item.code, in_band)
             else:
                 response = pb.InferenceResponse([pb.Tensor(name, array) for name, array in item.chunk.tensors().items()])
             sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         except Exception as exc:  # the client is gone; the runtime learns it from is_cancelled
             log.debug("response could not be sent", exc_info=True)
             if final:  # Triton frees a request only on a FINAL: never leave one without it
-                self._send_final_error(sender, f"the response could not be sent: {type(exc).__name__}: {exc}")
+                self._send_final_error(sender, f"the response could not be sent: {type(exc).__name__}: {exc}", in_band)
+
+    def _error_response(self, message: str, code: Any, in_band: bool) -> Any:
+        pb = self._pb
+        if in_band:
+            return pb.InferenceResponse([pb.Tensor(name, array) for name, array in
+                                         in_band_error(message, code_name(pb, code)).items()])
+        error = pb.TritonError(message) if code is None else pb.TritonError(message, code)
+        return pb.InferenceResponse(output_tensors=[], error=error)
 
     def _send_accepted(self, sender: Any) -> None:
         try:
@@ -286,11 +308,10 @@ class ResponseWriter:
         except Exception:  # the client is gone; its request still ends with a FINAL later
             log.debug("the accepted response could not be sent", exc_info=True)
 
-    def _send_final_error(self, sender: Any, message: str) -> None:
+    def _send_final_error(self, sender: Any, message: str, in_band: bool) -> None:
         pb = self._pb
         try:
-            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message)),
-                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(self._error_response(message, None, in_band), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:
             log.debug("the final error could not be sent either", exc_info=True)
 

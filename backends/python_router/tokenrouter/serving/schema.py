@@ -149,6 +149,9 @@ SUBSERVER_OUTPUTS = _tensors(
     ("finish_reason", "BYTES", ONE),
     ("large_model_share", "FP32", ONE),
     ("is_final", "BOOL", ONE),
+    # only in the final response of a front's request that failed (finish_reason "error"): see error_codes.py
+    ("error", "BYTES", ONE),
+    ("error_code", "BYTES", ONE),
 )
 # The RequestSpec field behind each scalar subserver input, converted with .item(); the front
 # fills them from the client's inputs of the same names, the entry's intake reads them back.
@@ -160,7 +163,8 @@ PREPROCESSING_INPUTS = {name: CLIENT_INPUTS[name] for name in (
     "text_input", "stop_words", "bad_words", "end_id", "embedding_bias_words", "embedding_bias_weights")}
 PREPROCESSING_OUTPUTS = {name: SUBSERVER_INPUTS[name] for name in (
     "input_ids", "stop_ids", "bad_ids", "end_id", "logit_bias_ids", "logit_bias_weights")}
-POSTPROCESSING_INPUTS = {name: t for name, t in SUBSERVER_OUTPUTS.items() if name != "output_log_probs"}
+POSTPROCESSING_INPUTS = {name: t for name, t in SUBSERVER_OUTPUTS.items()
+                         if name not in ("output_log_probs", "error", "error_code")}
 POSTPROCESSING_OUTPUTS = {name: CLIENT_OUTPUTS[name] for name in (
     "text_output", "output_ids", "output_models", "finish_reason", "large_model_share")}
 
