@@ -3,10 +3,19 @@
 Both carry this server start's secret (peer_auth.py). The stream is a blocking decoupled
 ``exec`` iterated on the generation's own thread: a BLS ResponseIterator is synchronous, and
 Triton 2.51's stub has no way to cancel it, hence the control call that names the request.
+
+A finished iterator is kept for a while before this process lets go of it (``_LateRelease``). In
+Triton 2.51's stub, the iterator of a finished stream is also held in a map that a thread of its
+own empties without holding the GIL; when that was the last reference, the iterator's responses
+and their numpy arrays were freed there, racing the interpreter, and the front's heap was corrupted
+("double free or corruption") within seconds when 50 streams were cancelled at once.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import deque
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -26,13 +35,44 @@ class EntryError(Exception):
         self.code = code
 
 
+class _LateRelease:
+    """Finished response iterators, each released HOLD_S after its stream ended, by whichever
+    stream ends next (a Python thread: see the module docstring)."""
+
+    HOLD_S = 5.0
+
+    def __init__(self) -> None:
+        self._held: deque[tuple[float, Any]] = deque()
+        self._lock = threading.Lock()
+
+    def keep(self, iterator: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._held.append((now + self.HOLD_S, iterator))
+            due = []
+            while self._held and self._held[0][0] <= now:
+                due.append(self._held.popleft())
+        del due  # the last references, dropped here, outside the lock
+
+
+_late_release = _LateRelease()
+
+
 def stream_from_entry(pb_utils: Any, entry: str, inputs: Mapping[str, np.ndarray],
                       parameters: Mapping[str, str]) -> Iterator[EntryChunk]:
     """The entry's chunks for one generation, the last one final; raises EntryError, also for an
     error the entry sent as data (error_codes.py)."""
     request = pb_utils.InferenceRequest(model_name=entry, inputs=[pb_utils.Tensor(n, a) for n, a in inputs.items()],
                                         requested_output_names=list(SUBSERVER_OUTPUTS), parameters=dict(parameters))
-    for response in request.exec(decoupled=True):
+    responses = request.exec(decoupled=True)
+    try:
+        yield from _chunks(pb_utils, responses)
+    finally:
+        _late_release.keep(responses)
+
+
+def _chunks(pb_utils: Any, responses: Any) -> Iterator[EntryChunk]:
+    for response in responses:
         if response.has_error():  # only as the first response: Triton loses later ones (error_codes.py)
             raise EntryError(response.error().message(), pb_utils.TritonError.INTERNAL)
         outputs = {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
