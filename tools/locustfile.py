@@ -1,4 +1,4 @@
-"""Locust load test of the served `tokenrouter` ensemble over gRPC streaming.
+"""Locust load test of a served TokenRouter front over gRPC streaming (tokenrouter.client).
 
 Each simulated user streams one completion at a time and reports three request types to Locust:
 ``ttft`` (time to the first token), ``inter_token`` (each gap between chunks) and ``completion``
@@ -10,7 +10,8 @@ Headless, bounded (what docs/benchmarks.md runs against `tokenrouter serve --tin
     locust -f tools/locustfile.py --headless -u 8 -r 8 -t 2m --host localhost:8001 \
         --csv results/locust --only-summary
 
-Options: TOKENROUTER_MAX_TOKENS (default 48) and TOKENROUTER_MODEL (default tokenrouter).
+Options: TOKENROUTER_MAX_TOKENS (default 48) and TOKENROUTER_MODEL (default tokenrouter; any front
+name works, e.g. ensemble).
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ import grpc.experimental.gevent as grpc_gevent
 
 grpc_gevent.init_gevent()  # before any channel exists: gRPC must cooperate with gevent's loop
 
-import numpy as np  # noqa: E402
-import tritonclient.grpc as grpcclient  # noqa: E402
 from locust import User, between, task  # noqa: E402
 
-MODEL = os.environ.get("TOKENROUTER_MODEL", "tokenrouter")
+from tokenrouter import client  # noqa: E402
+
+MODEL = os.environ.get("TOKENROUTER_MODEL", client.DEFAULT_MODEL)
 MAX_TOKENS = int(os.environ.get("TOKENROUTER_MAX_TOKENS", "48"))
 PROMPTS = [
     "def fibonacci(n):",
@@ -38,58 +39,39 @@ PROMPTS = [
     "# Merge two sorted lists into one sorted list\n",
     "def parse_csv_line(line, sep=','):",
 ]
-
-
-def _tensor(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
-    tensor = grpcclient.InferInput(name, list(array.shape), datatype)
-    tensor.set_data_from_numpy(array)
-    return tensor
+RESPONSE_TIMEOUT_S = 120.0
 
 
 class StreamingUser(User):
     wait_time = between(0.0, 0.2)
 
     def on_start(self) -> None:
-        self.client = grpcclient.InferenceServerClient(self.host)
-        self.responses: queue.Queue = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self.responses.put((time.perf_counter(), result, error)))
+        self.stream = client.GrpcStream(self.host, clock=time.perf_counter)
         self.rng = random.Random(id(self))
 
     def on_stop(self) -> None:
-        self.client.stop_stream()
-        self.client.close()
+        self.stream.close()
 
     @task
     def stream_completion(self) -> None:
-        prompt = self.rng.choice(PROMPTS)
-        inputs = [
-            _tensor("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES"),
-            _tensor("max_tokens", np.array([[MAX_TOKENS]], dtype=np.int32), "INT32"),
-            _tensor("stream", np.array([[True]]), "BOOL"),
-            _tensor("random_seed", np.array([[self.rng.randrange(2**32)]], dtype=np.uint64), "UINT64"),
-        ]
+        arrays = client.inputs(text_input=self.rng.choice(PROMPTS), max_tokens=MAX_TOKENS, stream=True,
+                               seed=self.rng.randrange(2**32))
         start = time.perf_counter()
-        self.client.async_stream_infer(MODEL, inputs, enable_empty_final_response=True)
+        self.stream.send(arrays, MODEL)
         last, tokens, finish, error = start, 0, "", None
-        while True:
-            try:
-                at, result, failure = self.responses.get(timeout=120)
-            except queue.Empty:
-                error = TimeoutError("no response within 120 s")
-                break
-            if failure is not None:
-                error = failure
-                break
-            response = result.get_response()
-            if response.outputs:
-                chunk = int(result.as_numpy("output_ids").size)
-                if chunk:
-                    self._fire("ttft" if tokens == 0 else "inter_token", at - (start if tokens == 0 else last))
-                    tokens += chunk
-                    last = at
-                finish = result.as_numpy("finish_reason").reshape(-1)[0].decode() or finish
-            if response.parameters["triton_final_response"].bool_param:
-                break
+        try:
+            for reply in self.stream.replies(RESPONSE_TIMEOUT_S):
+                if not reply.outputs:
+                    continue
+                if reply.ids:
+                    self._fire("ttft" if tokens == 0 else "inter_token", reply.at - (start if tokens == 0 else last))
+                    tokens += len(reply.ids)
+                    last = reply.at
+                finish = reply.finish_reason or finish
+        except queue.Empty:
+            error = TimeoutError(f"no response within {RESPONSE_TIMEOUT_S:g} s")
+        except Exception as exc:  # noqa: BLE001 - the server's error, reported as this request's failure
+            error = exc
         if error is None and (tokens == 0 or not finish):
             error = RuntimeError(f"stream ended with {tokens} tokens and finish reason '{finish}'")
         self._fire("completion", time.perf_counter() - start, size=tokens, error=error)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from tokenrouter.config import ConfigError, TokenRouterConfig, load_config
-from tokenrouter.serving.repository import ENSEMBLE, read_repository, render_repository
+from tokenrouter.serving.repository import read_repository, render_repository
 
 from .paths import model_repository_dir, runtime_dir, shipped_config
 from .supervisor import Supervisor
@@ -116,12 +116,13 @@ def _raise_stop(signum: int, _frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
-def _entry_model(repository: Path) -> str | None:
-    """The entry subserver of a TokenRouter repository; None for any other repository."""
+def _served_models(repository: Path) -> tuple[str | None, list[str]]:
+    """The entry subserver and the fronts of a TokenRouter repository; (None, []) for any other."""
     try:
-        return read_repository(repository).entry
+        config = read_repository(repository)
     except ConfigError:
-        return None
+        return None, []
+    return config.entry, config.frontend.names
 
 
 def _ignore_stop_signals() -> None:
@@ -155,9 +156,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         announce(f"{install.binary} with {repository}")
         server = server.start_ready(args.ready_timeout, say=announce)
-        announce(f"ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{ENSEMBLE}/generate, generate_stream), "
+        entry, fronts = _served_models(repository)
+        front = fronts[0] if fronts else "<model>"
+        announce(f"ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{front}/generate, generate_stream), "
                  f"gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. Ctrl-C stops.")
-        supervisor = Supervisor(server, _entry_model(repository), args.ready_timeout, announce)
+        supervisor = Supervisor(server, entry, args.ready_timeout, announce)
         try:
             supervisor.run_forever()
         finally:
@@ -166,13 +169,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenrouter serve: {stop}: refusing new requests, draining those in flight "
               f"(up to {args.drain_timeout:g} s)", file=sys.stderr)
         _ignore_stop_signals()
-        if not server.drain(ENSEMBLE, args.drain_timeout):
+        entry, fronts = _served_models(repository)
+        if not server.drain(fronts, args.drain_timeout):
             reason = f"the server is shutting down; the request did not finish within {args.drain_timeout:g} s"
             print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
-            entry = _entry_model(repository)
             if entry is not None:
                 server.end_in_flight(entry, reason)
-            server.drain(ENSEMBLE, ENDING_GRACE_S)  # their errors reach the clients through the ensemble
+            server.drain(fronts, ENDING_GRACE_S)  # their errors reach the clients through the fronts
         else:
             print("tokenrouter serve: drained", file=sys.stderr)
         print("tokenrouter serve: stopping tritonserver", file=sys.stderr)

@@ -292,23 +292,25 @@ class TritonServer:
         """Model name -> pid of its Python-backend stub."""
         return stub_pids(self.process.pid)
 
-    def drain(self, model: str, timeout_s: float) -> bool:
-        """Stop admitting requests to ``model`` and wait up to ``timeout_s`` for its in-flight ones.
+    def drain(self, models: list[str], timeout_s: float) -> bool:
+        """Stop admitting requests to ``models`` (the fronts) and wait up to ``timeout_s`` for their
+        in-flight ones.
 
-        Triton's own SIGTERM drain does not hold for an ensemble whose steps are new internal
-        requests (each streamed chunk goes to postprocessing, each handoff is a BLS call): those
-        are refused as soon as the server stops, so streams failed with "Server not ready". So
-        the model is unloaded first: Triton refuses new requests to it at once and finishes the
-        unload only when its last in-flight request is done, with every other model still up.
-        Returns True when it drained in time.
+        Triton's own SIGTERM drain does not hold for requests that make new internal requests (a
+        front's call to the entry subserver, each handoff is a BLS call): those are refused as
+        soon as the server stops, so streams failed with "Server not ready". So the fronts are
+        unloaded first: Triton refuses new requests to them at once and finishes an unload only
+        when the model's last in-flight request is done, with every other model still up.
+        Returns True when all drained in time.
         """
         try:
-            self._post(f"/v2/repository/models/{model}/unload")
+            for model in models:
+                self._post(f"/v2/repository/models/{model}/unload")
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.model_state(model) not in ("READY", "UNLOADING"):
+            if all(self.model_state(model) not in ("READY", "UNLOADING") for model in models):
                 return True
             time.sleep(0.2)
         return False

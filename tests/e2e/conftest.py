@@ -7,7 +7,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from tokenrouter.serving.repository import render_frontend, subserver_config, write_model
+from tokenrouter.config import FrontendSpec
+from tokenrouter.serving.repository import model_parameters, render_frontend, subserver_config, write_front, write_model
 from tokenrouter_tools.triton_server import Ports, TritonServer, build_backend_dir, find_triton
 
 ECHO_DOUBLE = Path(__file__).with_name("echo_subserver_double.py")
@@ -49,11 +50,22 @@ def start_server(backend_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         server.stop()
 
 
+UNARY = "unary"  # a unary front next to the decoupled `tokenrouter` in the test repositories
+
+
+def add_unary_front(repository: Path, like: str = "tokenrouter") -> Path:
+    """A unary front named UNARY with the parameters of front ``like`` (one server tests both modes)."""
+    write_front(repository, UNARY, model_parameters(repository / like), decoupled=False, max_batch_size=8)
+    return repository
+
+
 def render_echo_repository(out: Path, tokenizer: Path, *, chat_template: bool = False) -> Path:
-    """preprocessing + postprocessing + the `tokenrouter` ensemble in front of the echo double."""
-    render_frontend(out, entry="echo", tokenizer=str(tokenizer), chat_template=chat_template)
+    """The decoupled front `tokenrouter`, a unary front, preprocessing and postprocessing in front
+    of the echo double."""
+    render_frontend(out, entry="echo", tokenizer=str(tokenizer), chat_template=chat_template,
+                    frontend=FrontendSpec(names=["tokenrouter"], max_batch_size=8))
     write_model(out, subserver_config("echo", {}, backend="python"), {"model.py": ECHO_DOUBLE})
-    return out
+    return add_unary_front(out)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(st
         "policy": {"name": "random", "params": {"rate": 0.3, "seed": 0}},
         "scheduling": {"strategy": "tokenrouter", "max_wait_ms": 5, "max_active": 8},
         "max_model_len": 512,
+        "frontend": {"names": ["tokenrouter"]},
     }
     server = start_server(render_repository(config, tmp_path_factory.mktemp("bench-repo")))
     metrics_url = f"127.0.0.1:{server.ports.metrics}"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .clients import http_generate
+from tokenrouter.client import http_generate
 from .test_serve import _descendants, _launch, _stop_and_check
 
 CHECKOUT = Path(__file__).resolve().parents[2]

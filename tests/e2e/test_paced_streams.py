@@ -19,7 +19,7 @@ from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec
 from tokenrouter_tools.paths import shipped_config
 
-from .clients import grpc_inputs, grpc_stream, texts
+from tokenrouter.client import grpc_stream, inputs
 
 STREAMS, MAX_TOKENS = 32, 48
 
@@ -27,6 +27,7 @@ STREAMS, MAX_TOKENS = 32, 48
 @pytest.fixture(scope="module")
 def config():
     config = load_config(shipped_config("sim-a100.yaml"))
+    config.frontend.names = ["tokenrouter"]  # one front stub is enough here
     for spec in config.models.values():
         spec.profile = {**spec.profile, "time_scale": 0.0}
     return config
@@ -38,14 +39,14 @@ def test_coalesced_streams_deliver_every_token_in_order_with_its_model(config, s
     with TokenRoutingEngine(config, codec=TextCodec.from_path(config.tokenizer_path)) as embedded:
         expected = embedded.generate(prompts, max_tokens=MAX_TOKENS, seed=7)
     with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
-        served = list(pool.map(lambda p: grpc_stream(server.grpc_url, grpc_inputs(
+        served = list(pool.map(lambda p: grpc_stream(server.grpc_url, inputs(
             text_input=p, max_tokens=MAX_TOKENS, random_seed=7, stream=True)), prompts))
     for responses, want in zip(served, expected):
         ids = [int(t) for r in responses for t in r["output_ids"].reshape(-1)]
         models = [m.decode() for r in responses for m in r["output_models"].reshape(-1)]
         assert (ids, models) == (want.token_ids, want.models)
         assert responses[-1]["finish_reason"].reshape(-1)[0].decode() == want.finish_reason
-        assert "".join(texts(responses)) == want.text
+        assert "".join(r.text for r in responses) == want.text
         assert responses[-1]["large_model_share"].reshape(-1)[0] == pytest.approx(want.large_model_share)
     sizes = [r["output_ids"].size for responses in served for r in responses]
     assert max(sizes) > 1, "no response carried more than one token: nothing was paced"

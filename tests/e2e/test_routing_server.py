@@ -1,16 +1,15 @@
 """The real thing end to end: a Triton server on loopback serving the tiny pair through the
-python_router subservers (BLS handoffs between two stub processes).
+fronts and the python_router subservers (BLS handoffs between two stub processes).
 
-Served output must equal the embedded TokenRoutingEngine's for the same prompt, policy and seed;
-cancelled streams must leave both KV pools empty; bad input fails only its own request; the
-metrics port shows the routing.
+Served output must equal the embedded TokenRoutingEngine's for the same prompt, policy, seed and
+sampling inputs, under every front name and in a batch; bad input fails only its own request; the
+metrics port shows the routing. Cancellation: test_cancellation.py.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
-import queue
 import re
 import threading
 import time
@@ -18,20 +17,24 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tokenrouter import TokenRoutingEngine
-from tokenrouter.serving.repository import ENSEMBLE, render_repository
+from tokenrouter.client import (DEFAULT_MODEL, batch, grpc_infer, grpc_stream, http_generate, http_generate_stream,
+                                http_post, inputs)
+from tokenrouter.serving.repository import render_repository
 
-from .clients import grpc_inputs, grpc_stream, http_generate, http_generate_stream, texts
+from .conftest import UNARY, add_unary_front
 
 PROMPTS = ["def add(a, b):", "import os\nfor name in", "class Stack:\n    def push(self, item):",
            "# sort a list of numbers\n", "while True:", "x = [i * i for i in range(10)]\nprint("]
 MAX_MODEL_LEN = 512
 
 
-def routing_config(pair: dict[str, Path], policy: str = "random", params: dict | None = None) -> dict:
+def routing_config(pair: dict[str, Path], policy: str = "random", params: dict | None = None,
+                   fronts: tuple[str, ...] = ("tokenrouter",)) -> dict:
+    """The tiny pair, routing 30 % of positions to llm. One front unless ``fronts`` says more: each
+    is a stub with its own tokenizer (~400 MB), and this machine is shared."""
     return {
         "models": {
             "slm": {"path": str(pair["small"]), "kv_cache_tokens": 4096, "block_size": 8, "max_batch_size": 16},
@@ -41,6 +44,7 @@ def routing_config(pair: dict[str, Path], policy: str = "random", params: dict |
         "policy": {"name": policy, "params": params if params is not None else {"rate": 0.3, "seed": 11}},
         "scheduling": {"strategy": "tokenrouter", "max_wait_ms": 5, "max_active": 64},
         "max_model_len": MAX_MODEL_LEN,
+        "frontend": {"names": list(fronts), "max_batch_size": 8},
     }
 
 
@@ -51,7 +55,7 @@ def config(tiny_pair) -> dict:
 
 @pytest.fixture(scope="module")
 def server(start_server, config, tmp_path_factory):
-    return start_server(render_repository(config, tmp_path_factory.mktemp("routing-repo")))
+    return start_server(add_unary_front(render_repository(config, tmp_path_factory.mktemp("routing-repo"))))
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +89,9 @@ def wait_for_idle_pools(server, timeout_s: float = 30.0) -> dict[str, float]:
         time.sleep(0.25)
 
 
-def stream_ids(server, prompt: str, **params) -> tuple[list[int], list[str], str]:
-    responses = grpc_stream(server.grpc_url, grpc_inputs(text_input=prompt, stream=True, **params))
-    ids = [int(t) for r in responses for t in r["output_ids"].reshape(-1)]
-    models = [m.decode() for r in responses for m in r["output_models"].reshape(-1)]
-    return ids, models, responses[-1]["finish_reason"].reshape(-1)[0].decode()
+def stream_ids(server, prompt: str, model: str = DEFAULT_MODEL, **params) -> tuple[list[int], list[str], str]:
+    replies = grpc_stream(server.grpc_url, inputs(text_input=prompt, stream=True, **params), model)
+    return [i for r in replies for i in r.ids], [m for r in replies for m in r.models], replies[-1].finish_reason
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:3])
@@ -100,11 +102,55 @@ def test_grpc_stream_and_http_generate_equal_the_embedded_engine(server, embedde
     ids, models, reason = stream_ids(server, prompt, max_tokens=24, random_seed=5)
     assert (ids, models, reason) == (expected.token_ids, expected.models, expected.finish_reason)
 
-    reply = http_generate(server.http_url, {"text_input": prompt, "max_tokens": 24, "random_seed": 5})
+    reply = http_generate(server.http_url, {"text_input": prompt, "max_tokens": 24, "seed": 5,
+                                            "exclude_input_in_output": True})
     assert reply["output_ids"] == expected.token_ids
     assert reply["output_models"] == expected.models
     assert reply["text_output"] == expected.text
     assert reply["large_model_share"] == pytest.approx(expected.large_model_share)
+    echoed = http_generate(server.http_url, {"text_input": prompt, "max_tokens": 24, "seed": 5})
+    assert echoed["text_output"] == embedded.codec.decode(embedded.codec.encode_prompt(prompt) + expected.token_ids)
+
+
+@pytest.mark.parametrize("model", [DEFAULT_MODEL, UNARY])
+def test_the_decoupled_and_the_unary_front_serve_the_same_output(server, embedded, model):
+    """Both modes of the front (every name in frontend.names renders the same front: test_repository.py)."""
+    expected = embedded.generate(PROMPTS[2], max_tokens=16, seed=8)[0]
+    values = inputs(text_input=PROMPTS[2], max_tokens=16, seed=8, exclude_input_in_output=True)
+    reply = grpc_infer(server.grpc_url, values, model) if model == UNARY else grpc_stream(server.grpc_url, values, model)[0]
+    assert (reply.ids, reply.models, reply.text) == (expected.token_ids, expected.models, expected.text)
+
+
+def test_tensorrt_llm_sampling_inputs_reach_every_model(server, embedded):
+    """Penalties, min_tokens, embedding bias (words) and log probabilities through the front and the
+    entry's intake equal the embedded engine's with the same values. Catches an input the front or
+    the intake drops (the intake read none of them before) and log probabilities lost on the way."""
+    codec = embedded.codec
+    bias_word = codec.decode(embedded.generate(PROMPTS[0], max_tokens=3, seed=9)[0].token_ids[1:2])
+    bias = [(token, -4.0) for token in codec.token_sequences([bias_word])[0]]
+    sampling = dict(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2, min_tokens=20)
+    expected = embedded.generate(PROMPTS[0], max_tokens=20, temperature=0.9, top_k=40, seed=9, logit_bias=bias,
+                                 return_log_probs=True, **sampling)[0]
+    plain = embedded.generate(PROMPTS[0], max_tokens=20, temperature=0.9, top_k=40, seed=9)[0]
+    assert expected.token_ids != plain.token_ids  # the inputs change the output, so dropping one shows
+    replies = grpc_stream(server.grpc_url, inputs(
+        text_input=PROMPTS[0], max_tokens=20, temperature=0.9, top_k=40, seed=9, stream=True, return_log_probs=True,
+        embedding_bias_words=[bias_word], embedding_bias_weights=[-4.0], **sampling))
+    assert [i for r in replies for i in r.ids] == expected.token_ids
+    assert [m for r in replies for m in r.models] == expected.models
+    logprobs = [float(p) for r in replies for p in r["output_log_probs"].reshape(-1)]
+    assert logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+    assert replies[-1]["cum_log_probs"][0][0] == pytest.approx(sum(expected.logprobs), abs=1e-3)
+
+
+def test_a_batch_is_one_generation_per_row(server, embedded):
+    prompts = PROMPTS[:3]
+    expected = embedded.generate(prompts, max_tokens=12, seed=4)
+    replies = grpc_stream(server.grpc_url, batch(*(inputs(text_input=p, max_tokens=12, seed=4, stream=True)
+                                                   for p in prompts)))
+    for row, want in enumerate(expected):
+        mine = [r for r in replies if r["batch_index"][0][0] == row]
+        assert [i for r in mine for i in r.ids] == want.token_ids and "".join(r.text for r in mine) == want.text
 
 
 def test_sampled_output_is_reproducible_and_matches_embedded(server, embedded):
@@ -116,8 +162,8 @@ def test_sampled_output_is_reproducible_and_matches_embedded(server, embedded):
 
 def test_http_generate_stream_text_adds_up(server, embedded):
     expected = embedded.generate(PROMPTS[4], max_tokens=16, seed=2)[0]
-    events = http_generate_stream(server.http_url, {"text_input": PROMPTS[4], "max_tokens": 16,
-                                                    "random_seed": 2, "stream": True})
+    events = list(http_generate_stream(server.http_url, {"text_input": PROMPTS[4], "max_tokens": 16,
+                                                         "random_seed": 2, "stream": True}))
     assert "".join(e["text_output"] for e in events) == expected.text
     assert events[-1]["finish_reason"] == expected.finish_reason
 
@@ -161,35 +207,6 @@ def test_metrics_count_exactly_what_one_request_did(server):
     assert steps - sum(v for k, v in before.items() if k.startswith("tokenrouter_batch_size_count")) >= len(models)
 
 
-def test_cancelling_fifty_streams_frees_both_pools(server):
-    started = threading.Barrier(51)
-    clients = []
-
-    def open_stream(i: int) -> grpcclient.InferenceServerClient:
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        first = queue.Queue()
-        client.start_stream(callback=lambda result, error: first.put(error))
-        client.async_stream_infer(ENSEMBLE, grpc_inputs(text_input=PROMPTS[i % len(PROMPTS)], max_tokens=400,
-                                                        stream=True, random_seed=i))
-        assert first.get(timeout=120) is None  # generation is under way
-        clients.append(client)
-        started.wait()
-        return client
-
-    with concurrent.futures.ThreadPoolExecutor(50) as pool:
-        futures = [pool.submit(open_stream, i) for i in range(50)]
-        started.wait(timeout=300)
-        busy = metrics(server)
-        assert sum(v for k, v in busy.items() if k.startswith("tokenrouter_kv_blocks_used")) > 0
-        for client in clients:
-            client.stop_stream(cancel_requests=True)
-        for future in futures:
-            future.result().close()
-    assert wait_for_idle_pools(server) == {}
-    ids, _, reason = stream_ids(server, PROMPTS[0], max_tokens=8)
-    assert len(ids) == 8 and reason == "length"  # the server still answers
-
-
 BAD_INPUTS = [
     ({"text_input": ""}, "empty"),
     ({"max_tokens": 8}, "text_input"),
@@ -203,24 +220,19 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("inputs,match", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
-def test_bad_input_fails_alone_while_a_good_request_completes(server, embedded, inputs, match):
+@pytest.mark.parametrize("values,match", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_bad_input_fails_alone_while_a_good_request_completes(server, embedded, values, match):
     expected = embedded.generate(PROMPTS[1], max_tokens=32, seed=4)[0]
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         good = pool.submit(stream_ids, server, PROMPTS[1], max_tokens=32, random_seed=4)
         with pytest.raises(InferenceServerException, match=match):
-            grpc_stream(server.grpc_url, grpc_inputs(**{"max_tokens": 8, **inputs}))
+            grpc_stream(server.grpc_url, inputs(**{"max_tokens": 8, **values}))
         assert good.result(timeout=120)[0] == expected.token_ids
 
 
-def test_wrong_dtype_and_batch_are_refused(server):
-    wrong_dtype = grpcclient.InferInput("max_tokens", [1, 1], "FP32")
-    wrong_dtype.set_data_from_numpy(__import__("numpy").array([[8.0]], dtype="float32"))
-    with pytest.raises(InferenceServerException, match="(?i)data-type|datatype|dtype|expected"):
-        grpc_stream(server.grpc_url, grpc_inputs(text_input="x") + [wrong_dtype])
-    two = grpc_inputs(text_input=["a", "b"], max_tokens=4)
-    with pytest.raises(InferenceServerException):
-        grpc_stream(server.grpc_url, two)
+def test_two_prompts_in_one_row_are_refused(server):
+    with pytest.raises(InferenceServerException, match="(?i)text_input.*shape|shape.*text_input"):
+        grpc_stream(server.grpc_url, inputs(text_input=["a", "b"], max_tokens=4))
 
 
 def test_unknown_policy_fails_the_load_with_a_clear_error(tiny_pair, tmp_path):
@@ -243,8 +255,6 @@ def test_bad_words_like_tensorrt_llm_clients_send_them(server, embedded):
 
 
 def test_router_model_answers_with_the_policy_it_carries(server, config):
-    from .clients import http_post
-
     status, text = http_post(server.http_url, "/v2/models/router/infer", {"inputs": []})
     assert status == 200, text
     described = json.loads(json.loads(text)["outputs"][0]["data"][0])

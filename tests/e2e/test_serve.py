@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tokenrouter.client import http_generate
 from tokenrouter_tools.triton_server import Ports
 
-from .clients import http_generate
 from .conftest import render_echo_repository
 
 
@@ -85,7 +85,8 @@ def test_serve_runs_a_repository_and_stops_without_orphans(sig: signal.Signals, 
     try:
         server_pids = _descendants(launcher.pid)
         assert len(server_pids) >= 4, "expected tritonserver and a stub per Python model"
-        assert http_generate(f"127.0.0.1:{ports.http}", {"text_input": "hello"})["text_output"] == "hello"
+        reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": "hello", "exclude_input_in_output": True})
+        assert reply["text_output"] == "hello"
         _stop_and_check(launcher, sig, server_pids)
     finally:
         if launcher.poll() is None:

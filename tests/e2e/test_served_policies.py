@@ -20,7 +20,7 @@ from tokenrouter.policies import registered_policies
 from tokenrouter.policies.networks import build_network, save_router
 from tokenrouter.serving.repository import HEADER, ROUTER, read_model_config, read_repository, render_repository
 
-from .clients import http_post
+from tokenrouter.client import http_post
 from .test_routing_server import PROMPTS, routing_config, stream_ids
 
 NEWLINE = 198  # "\n" in the tiny pair's byte-level BPE: a GlimpRouter step is a line

@@ -13,7 +13,7 @@ from tokenrouter import TokenRoutingEngine
 from tokenrouter.config import load_config
 from tokenrouter.serving.repository import render_repository
 
-from .clients import http_generate
+from tokenrouter.client import http_generate
 from .test_routing_server import PROMPTS, routing_config, stream_ids, wait_for_idle_pools
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from e2e.clients import grpc_inputs, grpc_stream, http_generate, http_post
+from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from e2e.test_routing_server import MAX_MODEL_LEN, PROMPTS
 from tokenrouter.serving.input_limits import BYTES_PER_TOKEN_BOUND
 from tokenrouter_tools.triton_server import stub_pids
@@ -21,11 +21,11 @@ def _rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-def test_a_20_mb_prompt_is_refused_at_once_without_growing_preprocessing(routing_server):
+def test_a_20_mb_prompt_is_refused_at_once_without_growing_the_front(routing_server):
     # over gRPC: Triton 2.51's own HTTP frontend dies (SIGSEGV) on a body of 4 MB or more before any
     # model sees it (docs/reliability.md); HTTP is checked with 2 MB below
     server = routing_server
-    pid = stub_pids(server.process.pid)["preprocessing"]
+    pid = stub_pids(server.process.pid)["tokenrouter"]  # the front tokenizes
     http_generate(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 2})  # warm
     before = _rss_mb(pid)
     huge = "def f():\n    return 1\n" * (20 * 2**20 // 22)
@@ -33,12 +33,12 @@ def test_a_20_mb_prompt_is_refused_at_once_without_growing_preprocessing(routing
     for _ in range(5):  # the first one also grows the stubs' shared memory to hold 20 MB
         start = time.monotonic()
         with pytest.raises(InferenceServerException, match=f"limit is {BYTES_PER_TOKEN_BOUND * MAX_MODEL_LEN}"):
-            grpc_stream(server.grpc_url, grpc_inputs(text_input=huge, max_tokens=4))
+            grpc_stream(server.grpc_url, inputs(text_input=huge, max_tokens=4))
         took.append(time.monotonic() - start)
     print(f"20 MB refused in {sorted(took)[2] * 1000:.0f} ms (median of 5; each: "
           f"{', '.join(f'{t * 1000:.0f}' for t in took)} ms)")
     assert max(took) < 2.0, f"refusing 20 MB took {max(took):.2f} s"
-    assert _rss_mb(pid) - before < 64, f"preprocessing grew from {before:.0f} MB to {_rss_mb(pid):.0f} MB"
+    assert _rss_mb(pid) - before < 64, f"the front grew from {before:.0f} MB to {_rss_mb(pid):.0f} MB"
     reply = http_generate(server.http_url, {"text_input": PROMPTS[1], "max_tokens": 4})
     assert len(reply["output_ids"]) == 4
 

@@ -12,7 +12,7 @@ import time
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from e2e.clients import grpc_inputs, grpc_stream, http_generate
+from tokenrouter.client import grpc_stream, http_generate, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _children, _launch
 from tokenrouter_tools.triton_server import stub_pids
@@ -41,15 +41,16 @@ def served(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.parametrize("model", ["llm", *(pytest.param(m, marks=pytest.mark.slow)  # the short suite kills one
-                                             for m in ("slm", "postprocessing", "preprocessing", "router"))])
+                                             for m in ("slm", "tokenrouter", "postprocessing", "preprocessing",
+                                                       "router"))])
 def test_a_killed_stub_fails_its_requests_and_the_server_serves_again(served, model):
     launcher, ports, log = served
     url = f"127.0.0.1:{ports.grpc}"
     before = _stubs(launcher.pid)
     restarts_before = len(log)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        streams = [pool.submit(grpc_stream, url, grpc_inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
-                                                              max_tokens=1000, random_seed=i), 120) for i in range(8)]
+        streams = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
+                                                              max_tokens=1000, random_seed=i), timeout_s=120) for i in range(8)]
         time.sleep(1.0)  # under load
         os.kill(before[model], signal.SIGKILL)
         killed_at = time.monotonic()

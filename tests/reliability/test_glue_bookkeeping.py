@@ -22,7 +22,7 @@ from tokenrouter.protocol import PeerMessage, encode_batch
 from tokenrouter.runtime.admission import ServerBusy
 from tokenrouter.runtime.request import RequestError
 from tokenrouter.serving.intake import SubserverIntake
-from tokenrouter.serving.peer_auth import peer_parameters
+from tokenrouter.serving.peer_auth import front_request_parameters, peer_parameters
 from tokenrouter.serving.responses import ResponseWriter
 
 FINAL = 1
@@ -54,9 +54,16 @@ class Faults:
 class FakeSender:
     def __init__(self, faults: Faults) -> None:
         self.faults, self.finals, self.polled_after_final, self.lock = faults, [], False, threading.Lock()
+        self.failed_flags: int | None = None  # the flags of a send that raised
 
     def send(self, response: Any = None, flags: int = 0) -> None:
-        self.faults.step("sender.send")
+        calls = self.faults.calls
+        try:
+            self.faults.step("sender.send")
+        except BaseException:
+            if self.faults.calls == self.faults.at == calls + 1:
+                self.failed_flags = flags
+            raise
         with self.lock:
             if self.finals:
                 raise RuntimeError("Unable to send response. Response sender has been closed.")
@@ -106,7 +113,8 @@ def fake_pb(faults: Faults) -> SimpleNamespace:
 
     return SimpleNamespace(
         TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL, TritonError=TritonError,
-        InferenceResponse=lambda output_tensors=None, error=None: SimpleNamespace(error=error),
+        InferenceResponse=lambda output_tensors=None, error=None: SimpleNamespace(error=error,
+                                                                                  output_tensors=output_tensors),
         Tensor=lambda name, array: (name, array), get_input_tensor_by_name=get_input_tensor_by_name)
 
 
@@ -140,6 +148,14 @@ def client_request(faults: Faults) -> FakeRequest:
                         "stream": np.array([[True]])}, {}, faults)
 
 
+def front_request(faults: Faults) -> FakeRequest:
+    """A front's prompt: named by a request key, with the secret; answered at once with an empty
+    response (before admission), then as any other."""
+    request = client_request(faults)
+    request._parameters = front_request_parameters(SECRET, "key-1")
+    return request
+
+
 def peer_request(faults: Faults, secret: str = SECRET) -> FakeRequest:
     payload = encode_batch([PeerMessage(kind="release", rid="slm-1", sender="llm")])
     return FakeRequest({"peer_message": np.array([[payload]], dtype=np.object_)}, peer_parameters(secret), faults)
@@ -149,7 +165,7 @@ def _run_once(make_request, at: int, kind: type[BaseException]) -> tuple[Faults,
     faults = Faults(at, kind)
     pb = fake_pb(faults)
     subserver = FakeSubserver(faults)
-    writer = ResponseWriter(pb, subserver, batch_dim=True, cancel_poll_s=POLL_S)
+    writer = ResponseWriter(pb, subserver, cancel_poll_s=POLL_S)
     request = make_request(faults)
     try:
         SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
@@ -166,7 +182,7 @@ def _run_once(make_request, at: int, kind: type[BaseException]) -> tuple[Faults,
 
 
 @pytest.mark.parametrize("kind", EXCEPTIONS, ids=lambda k: k.__name__)
-@pytest.mark.parametrize("make_request", [client_request, peer_request], ids=["client", "peer"])
+@pytest.mark.parametrize("make_request", [client_request, front_request, peer_request], ids=["client", "front", "peer"])
 def test_every_fault_at_every_step_answers_once_and_unregisters(make_request, kind) -> None:
     steps = _run_once(make_request, 0, kind)[0].calls  # a clean run: how many steps there are
     assert steps >= 4
@@ -180,20 +196,59 @@ def test_every_fault_at_every_step_answers_once_and_unregisters(make_request, ki
             assert not sender.finals  # nothing to answer through; Triton ends the request
             continue
         assert len(sender.finals) == 1, f"{kind.__name__} in {where}: {len(sender.finals)} final answers"
-        error = sender.finals[0].error
+        if sender.failed_flags == 0:  # a front's empty first response failed: the request goes on
+            continue
+        error = error_of(sender.finals[0])
         assert error is not None, f"{kind.__name__} in {where}: answered without an error"
         if where != "sender.send":  # a failed send is answered by whoever sent: intake or writer
             # unreadable request parameters carry no secret: the peer call is refused as such
             # a full admission queue (ServerBusy) is UNAVAILABLE: the client may retry
-            expected = (error.INVALID_ARG if kind is RequestError or where == "parameters"
-                        else error.UNAVAILABLE if kind is ServerBusy else error.INTERNAL)
-            assert error.code == expected, f"{kind.__name__} in {where}: code {error.code}"
+            expected = ("INVALID_ARG" if kind is RequestError or where == "parameters"
+                        else "UNAVAILABLE" if kind is ServerBusy else "INTERNAL")
+            assert error[1] == expected, f"{kind.__name__} in {where}: code {error[1]}"
+
+
+CODES = {3: "INVALID_ARG", 14: "UNAVAILABLE", 13: "INTERNAL"}
+
+
+def error_of(response: Any) -> tuple[str, str] | None:
+    """(message, code name) of an error answer: an error response, or to a front one sent as data
+    (serving/error_codes.py); None for an answer without an error."""
+    if response is None:
+        return None
+    if response.error is not None:
+        return response.error.message, CODES[response.error.code]
+    tensors = dict(response.output_tensors or [])
+    if "error" not in tensors:
+        return None
+    return tensors["error"].reshape(-1)[0].decode(), tensors["error_code"].reshape(-1)[0].decode()
+
+
+def test_a_front_request_that_fails_is_answered_as_data() -> None:
+    """An error after a front's first response would never reach it through BLS (Triton 2.51), so
+    a front's failed request ends with finish_reason "error", its message and code as data; a
+    client's gets an error response. Catches an in-band error sent to a client, or an error response
+    sent to a front."""
+    for make_request, in_band in ((front_request, True), (client_request, False)):
+        faults = Faults(0, RuntimeError)
+        pb = fake_pb(faults)
+        subserver = FakeSubserver(faults)
+        subserver.submit = lambda *args: (_ for _ in ()).throw(RequestError("bad max_tokens"))
+        writer = ResponseWriter(pb, subserver, cancel_poll_s=POLL_S)
+        request = make_request(faults)
+        try:
+            SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
+        finally:
+            writer.close()
+        final, = request.sender.finals
+        assert error_of(final) == ("bad max_tokens", "INVALID_ARG")
+        assert (final.error is None) == in_band
 
 
 def test_a_clean_client_request_is_submitted_and_answered() -> None:
     faults, request, subserver = _run_once(client_request, 0, RuntimeError)
     assert len(subserver.sinks) == 1 and len(request.sender.finals) == 1
-    assert request.sender.finals[0].error is None
+    assert error_of(request.sender.finals[0]) is None
 
 
 def test_a_peer_message_with_the_secret_is_delivered() -> None:
@@ -208,7 +263,7 @@ def test_a_peer_message_without_the_secret_is_refused_counted_and_not_delivered(
     pb = fake_pb(faults)
     subserver = FakeSubserver(faults)
     refused = []
-    writer = ResponseWriter(pb, subserver, batch_dim=True)
+    writer = ResponseWriter(pb, subserver)
     request = peer_request(faults, secret)
     try:
         SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET,
@@ -216,8 +271,8 @@ def test_a_peer_message_without_the_secret_is_refused_counted_and_not_delivered(
     finally:
         writer.close()
     assert not subserver.delivered and refused == [1]
-    error = request.sender.finals[0].error
-    assert error.code == error.INVALID_ARG and "refused" in error.message
+    message, code = error_of(request.sender.finals[0])
+    assert code == "INVALID_ARG" and "refused" in message
 
 
 def test_a_client_request_to_a_model_that_is_not_the_entry_is_a_clear_invalid_arg() -> None:
@@ -225,12 +280,12 @@ def test_a_client_request_to_a_model_that_is_not_the_entry_is_a_clear_invalid_ar
     pb = fake_pb(faults)
     subserver = FakeSubserver(faults)
     subserver.name, subserver.is_entry = "llm", False
-    writer = ResponseWriter(pb, subserver, batch_dim=True)
+    writer = ResponseWriter(pb, subserver)
     request = client_request(faults)
     try:
         SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
     finally:
         writer.close()
-    error = request.sender.finals[0].error
-    assert error.code == error.INVALID_ARG and "not the entry model" in error.message
+    message, code = error_of(request.sender.finals[0])
+    assert code == "INVALID_ARG" and "not the entry model" in message
     assert not writer._senders and not subserver.sinks

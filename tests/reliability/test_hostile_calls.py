@@ -8,43 +8,25 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import threading
 import time
 
-import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from e2e.clients import grpc_inputs, http_generate, http_post
 from e2e.test_routing_server import PROMPTS, metrics, stream_ids, wait_for_idle_pools
+from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from tokenrouter.protocol import PeerMessage, RequestSpec, encode_batch
+from tokenrouter.serving.peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REQUEST_KEY_PARAMETER,
+                                           SECRET_PARAMETER, new_request_key)
 
 
-def _direct_stream(url: str, model: str, inputs: list[grpcclient.InferInput]) -> None:
-    """One request over the gRPC stream to ``model`` (not the ensemble); raises its error."""
-    errors = []
-    with grpcclient.InferenceServerClient(url) as client:
-        done = threading.Event()
-
-        def callback(result, error):
-            if error is not None:
-                errors.append(error)
-            if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
-                done.set()
-
-        client.start_stream(callback=callback)
-        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
-        assert done.wait(60), f"no final response from {model}"
-        client.stop_stream()
-    if errors:
-        raise errors[0]
+def _direct_stream(url: str, model: str, arrays: dict, parameters: dict | None = None) -> None:
+    """One request over the gRPC stream to ``model`` (not a front); raises its error."""
+    grpc_stream(url, arrays, model, parameters=parameters)
 
 
-def _peer_input(messages: list[PeerMessage]) -> list[grpcclient.InferInput]:
-    tensor = grpcclient.InferInput("peer_message", [1, 1], "BYTES")
-    tensor.set_data_from_numpy(np.array([[encode_batch(messages)]], dtype=object))
-    return [tensor]
+def _peer_input(messages: list[PeerMessage]) -> dict:
+    return inputs(peer_message=encode_batch(messages))
 
 
 def _server_alive_and_serving(server) -> None:
@@ -66,7 +48,7 @@ def test_token_request_straight_to_a_subserver_over_http_is_4xx_and_the_server_l
 
 def test_token_request_straight_to_llm_over_grpc_is_refused_and_the_server_lives(routing_server):
     with pytest.raises(InferenceServerException, match="not the entry model"):
-        _direct_stream(routing_server.grpc_url, "llm", grpc_inputs(input_ids=[1, 2, 3], max_tokens=4))
+        _direct_stream(routing_server.grpc_url, "llm", inputs(input_ids=[1, 2, 3], max_tokens=4))
     _server_alive_and_serving(routing_server)
 
 
@@ -112,10 +94,45 @@ def test_forged_peer_messages_are_refused_counted_and_change_nothing(routing_ser
     _server_alive_and_serving(server)
 
 
+FORGED_PARAMETERS = [
+    {CONTROL_PARAMETER: "cancel", CANCEL_KEYS_PARAMETER: " ".join(new_request_key() for _ in range(50))},
+    {CONTROL_PARAMETER: "cancel", CANCEL_KEYS_PARAMETER: "x", SECRET_PARAMETER: "a guessed secret"},
+    {CONTROL_PARAMETER: "shutdown", SECRET_PARAMETER: ""},
+]
+
+
+def test_forged_control_calls_and_request_keys_are_refused_counted_and_change_nothing(routing_server):
+    """The fronts' cancel (and the launcher's shutdown) are control calls a client can reach: without
+    the secret they are refused and counted, and no victim stream ends early. A prompt that names
+    itself with a request key (as only a front may) is refused the same way. Catches a cancel or a
+    key that works without the secret."""
+    server = routing_server
+    before = metrics(server)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        victims = [pool.submit(stream_ids, server, PROMPTS[i], max_tokens=48, min_tokens=48, random_seed=i)
+                   for i in range(4)]
+        time.sleep(0.3)  # victims are in flight
+        for parameters in FORGED_PARAMETERS:
+            with pytest.raises(InferenceServerException, match="refused"):
+                _direct_stream(server.grpc_url, "slm", inputs(peer_message=b"[]"), parameters)
+        with pytest.raises(InferenceServerException, match="refused"):
+            _direct_stream(server.grpc_url, "slm", inputs(input_ids=[5, 6, 7], max_tokens=4),
+                           {REQUEST_KEY_PARAMETER: new_request_key()})
+        for victim in victims:
+            ids, _, reason = victim.result(timeout=120)
+            assert len(ids) == 48 and reason == "length"
+    assert wait_for_idle_pools(server) == {}
+    time.sleep(0.7)  # one metrics refresh
+    after = metrics(server)
+    counted = sum(after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("tokenrouter_refused_peer_calls"))
+    assert counted == len(FORGED_PARAMETERS) + 1
+    _server_alive_and_serving(server)
+
+
 def test_every_token_banned_is_an_explicit_error(routing_server):
     every_token = [t for token in range(151_936) for t in (token, -1)]  # more than the tiny vocabulary
     with pytest.raises(InferenceServerException, match="ban every one"):
-        _direct_stream(routing_server.grpc_url, "slm", grpc_inputs(input_ids=[5, 6, 7], max_tokens=4, bad_ids=every_token))
+        _direct_stream(routing_server.grpc_url, "slm", inputs(input_ids=[5, 6, 7], max_tokens=4, bad_ids=every_token))
     _server_alive_and_serving(routing_server)
 
 

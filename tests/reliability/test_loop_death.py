@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from e2e.clients import grpc_inputs, grpc_stream, http_generate
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _launch
+from tokenrouter.client import grpc_stream, http_generate, inputs
 from tokenrouter.serving.repository import render_repository
 from tokenrouter_engines.tiny import ensure_tiny_pair
 from tokenrouter_tools.serve import TINY_CONFIG, TINY_FAMILY, TINY_SEED, _with_pair
@@ -78,8 +78,8 @@ def test_a_dead_loop_fails_its_requests_marks_the_server_not_ready_and_heals(tmp
     try:
         assert _ready(http_url)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            streams = [pool.submit(grpc_stream, grpc_url, grpc_inputs(text_input=PROMPTS[i], stream=True,
-                                                                       max_tokens=1000, random_seed=i), 120)
+            streams = [pool.submit(grpc_stream, grpc_url, inputs(text_input=PROMPTS[i], stream=True,
+                                                                  max_tokens=1000, random_seed=i), timeout_s=120)
                        for i in range(4)]
             time.sleep(1.0)  # every stream is decoding, and the tiny routing policy hands tokens to llm
             trigger.touch()

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from e2e.clients import grpc_inputs, grpc_stream, http_post
 from e2e.conftest import start_server  # noqa: F401 - a module's own servers, stopped at its end
 from e2e.test_routing_server import metrics, routing_config
-from tokenrouter.serving.repository import ENSEMBLE, render_repository
+from tokenrouter.client import DEFAULT_MODEL, grpc_stream, http_post, inputs
+from tokenrouter.serving.repository import render_repository
 
 MAX_ACTIVE, MAX_QUEUE, QUEUE_TIMEOUT_S = 2, 2, 3.0
 LONG = 3000  # tokens per admitted request: they must still run when the queued ones time out
@@ -44,8 +44,8 @@ def wait_for(server, key: str, value: float, timeout_s: float = 30.0) -> dict[st
 
 
 def stream(server, seed: int, max_tokens: int) -> list[dict]:
-    return grpc_stream(server.grpc_url, grpc_inputs(text_input="def add(a, b):", stream=True, max_tokens=max_tokens,
-                                                    random_seed=seed, end_id=NEVER), 300)
+    return grpc_stream(server.grpc_url, inputs(text_input="def add(a, b):", stream=True, max_tokens=max_tokens,
+                                                    random_seed=seed, end_id=NEVER), timeout_s=300)
 
 
 def test_a_full_queue_answers_busy_at_once_while_admitted_requests_finish(server) -> None:
@@ -63,10 +63,10 @@ def test_a_full_queue_answers_busy_at_once_while_admitted_requests_finish(server
 
         start = time.monotonic()
         with pytest.raises(InferenceServerException, match=BUSY.replace("(", r"\(").replace(")", r"\)")):
-            grpc_stream(server.grpc_url, grpc_inputs(text_input="x = 1", max_tokens=4), 30)
+            grpc_stream(server.grpc_url, inputs(text_input="x = 1", max_tokens=4), timeout_s=30)
         grpc_refusal_s = time.monotonic() - start
         start = time.monotonic()
-        status, body = http_post(server.http_url, f"/v2/models/{ENSEMBLE}/generate",
+        status, body = http_post(server.http_url, f"/v2/models/{DEFAULT_MODEL}/generate",
                                  {"text_input": "x = 1", "max_tokens": 4})
         http_refusal_s = time.monotonic() - start
         # The intake answers UNAVAILABLE; Triton 2.51's generate endpoint turns every model error

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from e2e.clients import grpc_inputs, grpc_stream
+from tokenrouter.client import grpc_stream, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _descendants, _launch, wait_stopped
 from tokenrouter_tools.triton_server import SHM_DIR, SHM_PATTERN, shm_regions_of
@@ -41,15 +41,15 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
         regions = shm_regions_of(server_pids)  # only this server's: others may run on the machine
         assert regions, "the server's stubs should have shared-memory regions"
         with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
-            streams = [pool.submit(grpc_stream, url, grpc_inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
-                                                                  max_tokens=MAX_TOKENS, random_seed=i), 120)
+            streams = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
+                                                                  max_tokens=MAX_TOKENS, random_seed=i), timeout_s=120)
                        for i in range(STREAMS)]
             time.sleep(1.0)  # all in flight
             assert not any(s.done() for s in streams), "streams finished before SIGTERM; make them longer"
             launcher.send_signal(signal.SIGTERM)
             time.sleep(0.5)
             with pytest.raises(InferenceServerException):  # admission is closed while draining
-                grpc_stream(url, grpc_inputs(text_input="x", max_tokens=2), 30)
+                grpc_stream(url, inputs(text_input="x", max_tokens=2), timeout_s=30)
             for stream in streams:
                 responses = stream.result(timeout=120)  # finished normally: not cut by the shutdown
                 reason = responses[-1]["finish_reason"].reshape(-1)[0]
@@ -78,8 +78,8 @@ def test_requests_that_outlast_the_drain_timeout_end_with_a_clear_reason(tmp_pat
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             # 1000 tokens take the tiny pair far longer than the 1 s drain; a random tiny model may still
             # sample eos early, so a stream may end normally by eos, never by length.
-            streams = [pool.submit(grpc_stream, url, grpc_inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
-                                                                  max_tokens=1000, random_seed=i), 120)
+            streams = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
+                                                                  max_tokens=1000, random_seed=i), timeout_s=120)
                        for i in range(6)]
             time.sleep(1.0)
             launcher.send_signal(signal.SIGTERM)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from e2e.clients import grpc_inputs, grpc_stream
+from tokenrouter.client import grpc_stream, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _children, _launch
 from reliability.test_bounded_work import _rss_mb
@@ -37,8 +37,8 @@ def test_sixteen_users_for_ten_minutes_no_failure_and_flat_memory(tmp_path) -> N
         i = 0
         while not stop.is_set():
             try:
-                grpc_stream(url, grpc_inputs(text_input=PROMPTS[(n + i) % len(PROMPTS)], stream=True,
-                                             max_tokens=32 + (n * 7 + i) % 64, random_seed=n * 1000 + i), 120)
+                grpc_stream(url, inputs(text_input=PROMPTS[(n + i) % len(PROMPTS)], stream=True,
+                                             max_tokens=32 + (n * 7 + i) % 64, random_seed=n * 1000 + i), timeout_s=120)
                 completed[0] += 1
             except Exception as exc:  # noqa: BLE001 - counted and reported below
                 failures.append(repr(exc))

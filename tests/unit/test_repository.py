@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter.config import ConfigError, load_config
 from tritonclient.grpc import model_config_pb2 as mc
-from tokenrouter.serving.repository import (
-    ENSEMBLE, MARKER, read_model_config, read_repository, render_repository,
-)
+
+from tokenrouter.config import FRONT_NAMES, ConfigError, load_config
+from tokenrouter.serving.repository import MARKER, read_model_config, read_repository, render_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,19 +149,100 @@ def test_an_explicit_instance_kind_applies_to_every_subserver(tmp_path: Path) ->
         render_repository(config, tmp_path / "repo", instance_kind="KIND_TPU")
 
 
-def test_ensemble_wiring_is_consistent(tmp_path: Path) -> None:
-    """Every step reads only ensemble inputs or earlier steps' outputs, by names its model declares."""
-    repo = render_repository(rich_config(tmp_path), tmp_path / "repo")
-    ensemble = read_model_config(repo / ENSEMBLE)
-    available = {t.name for t in ensemble.input}
-    for step in ensemble.ensemble_scheduling.step:
-        model = read_model_config(repo / step.model_name)
-        assert set(step.input_map) <= {t.name for t in model.input}
-        assert set(step.input_map.values()) <= available
-        assert set(step.output_map) <= {t.name for t in model.output}
-        available |= set(step.output_map.values())
-    assert {t.name for t in ensemble.output} <= available
-    assert [s.model_name for s in ensemble.ensemble_scheduling.step][1] == "small"
+# TensorRT-LLM's client interface (tensorrtllm_backend c2e65b88, inflight_batcher_llm: the union of
+# ensemble/ and tensorrt_llm_bls/), written out here apart from schema.py so that a missing or
+# mistyped input there fails this test: name -> (data type, dims).
+TRT_LLM_INPUTS = {
+    "text_input": ("TYPE_STRING", [1]), "decoder_text_input": ("TYPE_STRING", [1]),
+    "image_input": ("TYPE_FP16", [-1, 3, -1, -1]), "image_bytes_input": ("TYPE_UINT8", [-1, -1, -1, -1]),
+    "image_url_input": ("TYPE_STRING", [1]), "video_bytes_input": ("TYPE_UINT8", [-1, -1, -1, -1]),
+    "max_tokens": ("TYPE_INT32", [1]), "num_return_sequences": ("TYPE_INT32", [1]),
+    "bad_words": ("TYPE_STRING", [-1]), "stop_words": ("TYPE_STRING", [-1]),
+    "exclude_input_in_output": ("TYPE_BOOL", [1]), "end_id": ("TYPE_INT32", [1]), "pad_id": ("TYPE_INT32", [1]),
+    "top_k": ("TYPE_INT32", [1]), "top_p": ("TYPE_FP32", [1]), "temperature": ("TYPE_FP32", [1]),
+    "length_penalty": ("TYPE_FP32", [1]), "repetition_penalty": ("TYPE_FP32", [1]), "min_tokens": ("TYPE_INT32", [1]),
+    "presence_penalty": ("TYPE_FP32", [1]), "frequency_penalty": ("TYPE_FP32", [1]), "seed": ("TYPE_UINT64", [1]),
+    "return_log_probs": ("TYPE_BOOL", [1]), "return_context_logits": ("TYPE_BOOL", [1]),
+    "return_generation_logits": ("TYPE_BOOL", [1]), "return_perf_metrics": ("TYPE_BOOL", [1]),
+    "beam_width": ("TYPE_INT32", [1]), "stream": ("TYPE_BOOL", [1]),
+    "prompt_embedding_table": ("TYPE_FP16", [-1, -1]), "prompt_table_extra_id": ("TYPE_UINT64", [1]),
+    "prompt_vocab_size": ("TYPE_INT32", [1]), "embedding_bias_words": ("TYPE_STRING", [-1]),
+    "embedding_bias_weights": ("TYPE_FP32", [-1]), "num_draft_tokens": ("TYPE_INT32", [1]),
+    "use_draft_logits": ("TYPE_BOOL", [1]), "lora_task_id": ("TYPE_UINT64", [1]),
+    "lora_weights": ("TYPE_FP16", [-1, -1]), "lora_config": ("TYPE_INT32", [-1, 3]),
+    "guided_decoding_guide_type": ("TYPE_STRING", [1]), "guided_decoding_guide": ("TYPE_STRING", [1]),
+}
+TRT_LLM_OUTPUTS = {
+    "text_output": ("TYPE_STRING", [-1]), "cum_log_probs": ("TYPE_FP32", [-1]),
+    "output_log_probs": ("TYPE_FP32", [-1, -1]), "context_logits": ("TYPE_FP32", [-1, -1]),
+    "generation_logits": ("TYPE_FP32", [-1, -1, -1]), "batch_index": ("TYPE_INT32", [1]),
+    "sequence_index": ("TYPE_INT32", [1]), "kv_cache_alloc_new_blocks": ("TYPE_INT32", [1]),
+    "kv_cache_reused_blocks": ("TYPE_INT32", [1]), "kv_cache_alloc_total_blocks": ("TYPE_INT32", [1]),
+    "arrival_time_ns": ("TYPE_INT64", [1]), "first_scheduled_time_ns": ("TYPE_INT64", [1]),
+    "first_token_time_ns": ("TYPE_INT64", [1]), "last_token_time_ns": ("TYPE_INT64", [1]),
+    "acceptance_rate": ("TYPE_FP32", [1]), "total_accepted_draft_tokens": ("TYPE_INT32", [1]),
+    "total_draft_tokens": ("TYPE_INT32", [1]),
+}
+
+
+def _tensors(tensors) -> dict[str, tuple[str, list[int]]]:
+    return {t.name: (mc.DataType.Name(t.data_type), list(t.dims)) for t in tensors}
+
+
+@pytest.mark.parametrize("front", FRONT_NAMES)
+def test_every_front_declares_tensorrt_llms_whole_interface(front: str, tmp_path: Path) -> None:
+    """Every input TensorRT-LLM's ensemble and tensorrt_llm_bls declare, with its dtype and dims
+    (end_id takes several ids here: [-1] holds TensorRT-LLM's [1]), all optional so that the front
+    names what is missing; every output; and ours."""
+    config = read_model_config(render_repository(rich_config(tmp_path), tmp_path / "repo") / front)
+    inputs, outputs = _tensors(config.input), _tensors(config.output)
+    for name, (dtype, dims) in TRT_LLM_INPUTS.items():
+        assert inputs[name] == (dtype, [-1] if name == "end_id" else dims), name
+    assert not any(t.optional is False for t in config.input)
+    assert {name: outputs[name] for name in TRT_LLM_OUTPUTS} == TRT_LLM_OUTPUTS
+    assert {"output_ids", "output_models", "finish_reason", "large_model_share"} <= set(outputs)
+    assert config.model_transaction_policy.decoupled and config.max_batch_size == 64
+    assert read_model_config(tmp_path / "repo" / front).parameters["entry"].string_value == "small"
+
+
+def test_front_names_mode_and_batch_size_come_from_the_config_and_read_back(tmp_path: Path) -> None:
+    raw = rich_config(tmp_path)
+    raw["frontend"] = {"names": ["llm_front", "ensemble"], "decoupled": False, "max_batch_size": 4}
+    repo = render_repository(raw, tmp_path / "repo")
+    assert (repo / "llm_front").is_dir() and (repo / "ensemble").is_dir() and not (repo / "tokenrouter").exists()
+    config = read_model_config(repo / "llm_front")
+    assert not config.model_transaction_policy.decoupled and config.max_batch_size == 4
+    assert read_repository(repo).frontend == load_config(raw).frontend
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"frontend": {"names": ["router"]}}, "frontend.names: .*'router' is taken by the repository's own router"),
+    ({"frontend": {"names": ["a", "a"]}}, "frontend.names: .*names repeat"),
+    ({"frontend": {"names": ["bad/name"]}}, "frontend.names: .*'bad/name' is not a model folder name"),
+    ({"frontend": {"names": []}}, "frontend.names"),
+    ({"frontend": {"names": ["small"]}}, "models.small: a front model has that name"),
+])
+def test_front_names_that_cannot_be_served_are_refused_by_field(change: dict, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config({**rich_config(tmp_path), **change})
+
+
+def test_the_text_models_and_the_front_speak_the_subserver_interface() -> None:
+    """preprocessing's outputs are subserver inputs, postprocessing reads subserver outputs, and the
+    front sends only subserver inputs, each of its declared dtype (one schema, no second list)."""
+    from tokenrouter.protocol import RequestSpec
+    from tokenrouter.serving.front_request import Generation
+    from tokenrouter.serving.schema import (POSTPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, SPEC_SCALARS,
+                                            SUBSERVER_INPUTS, SUBSERVER_OUTPUTS)
+
+    assert PREPROCESSING_OUTPUTS.items() <= SUBSERVER_INPUTS.items()
+    assert POSTPROCESSING_INPUTS.items() <= SUBSERVER_OUTPUTS.items()
+    assert set(SPEC_SCALARS) <= set(RequestSpec.__dataclass_fields__)
+    sent = Generation(0, 0, [1, 2], RequestSpec(prompt_len=2, max_tokens=3, logit_bias=[(4, 1.5)]), True,
+                      False).entry_inputs()
+    assert set(sent) <= set(SUBSERVER_INPUTS) - {"peer_message"}
+    for name, array in sent.items():
+        assert array.dtype == SUBSERVER_INPUTS[name].numpy and array.shape[0] == 1, name
 
 
 @pytest.mark.parametrize("config", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.stem)

@@ -13,7 +13,7 @@ INTERVAL = 0.05
 
 def data(rid: str, tokens: list[int], models: list[str], prefix: list[int], reason: str | None = None,
          share: float = 0.0) -> _Data:
-    return _Data(rid, f"sender-{rid}", Chunk(list(tokens), [m.encode() for m in models], list(prefix), reason, share))
+    return _Data(rid, f"sender-{rid}", Chunk(list(tokens), [m.encode() for m in models], list(prefix), reason, share, []))
 
 
 def feed(pacer: Pacer, *items) -> list:
@@ -48,8 +48,8 @@ def test_a_final_chunk_goes_out_at_once_with_what_was_held() -> None:
     out = pacer.due(0.001, INTERVAL)
     assert [(i.chunk.tokens, i.chunk.origins, i.final) for i in out] == [([2, 3], [b"slm", b"llm"], True)]
     tensors = out[0].chunk.tensors()
-    assert tensors["output_ids"].tolist() == [2, 3] and tensors["is_final"].tolist() == [True]
-    assert tensors["finish_reason"].tolist() == [b"length"] and tensors["prefix_ids"].tolist() == [1]
+    assert tensors["output_ids"].tolist() == [[2, 3]] and tensors["is_final"].tolist() == [[True]]
+    assert tensors["finish_reason"].tolist() == [[b"length"]] and tensors["prefix_ids"].tolist() == [[1]]
     feed(pacer, data("a", [7], ["slm"], []))  # the same id again is a new stream: its first token is not held
     assert [i.chunk.tokens for i in pacer.due(0.002, INTERVAL)] == [[7]]
 

@@ -7,6 +7,7 @@ in ``models`` is the model index used everywhere (attribution, routing matrices)
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -147,6 +148,32 @@ class SchedulingSpec(_Strict):
     )
 
 
+FRONT_NAMES = ("tokenrouter", "ensemble", "tensorrt_llm_bls")  # ours, and TensorRT-LLM's model names
+RESERVED_NAMES = ("preprocessing", "postprocessing", "router")
+
+
+class FrontendSpec(_Strict):
+    """The client-facing models (fronts): their names, Triton's transaction mode, the batch size."""
+
+    names: list[str] = Field(default_factory=lambda: list(FRONT_NAMES), min_length=1,
+                             description="a front model under each name; all behave the same")
+    decoupled: bool = Field(True, description="true: streaming (one response per chunk when stream is true); "
+                                              "false: unary, one response per request (gRPC ModelInfer, HTTP /infer)")
+    max_batch_size: int = Field(64, ge=1, description="rows per request; each row is its own generation")
+
+    @field_validator("names")
+    @classmethod
+    def _valid_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+                raise ValueError(f"'{name}' is not a model folder name (letters, digits, '_', '.', '-')")
+            if name in RESERVED_NAMES:
+                raise ValueError(f"'{name}' is taken by the repository's own {name} model")
+        if len(set(names)) != len(names):
+            raise ValueError(f"names repeat: {names}")
+        return names
+
+
 class TokenRouterConfig(_Strict):
     models: dict[str, ModelSpec]
     entry: str | None = Field(None, description="model that admits requests; default: the first model")
@@ -155,6 +182,7 @@ class TokenRouterConfig(_Strict):
     tokenizer: str | None = Field(None, description="tokenizer directory or .gguf; default: the entry model's path")
     chat_template: bool = Field(False, description="wrap prompts in the tokenizer's chat template")
     max_model_len: int | None = Field(None, ge=2, description="prompt + output cap; default: smallest model limit")
+    frontend: FrontendSpec = Field(default_factory=FrontendSpec)
 
     @field_validator("models")
     @classmethod
@@ -170,6 +198,11 @@ class TokenRouterConfig(_Strict):
             self.entry = names[0]
         elif self.entry not in self.models:
             raise ValueError(f"entry: '{self.entry}' is not a model; allowed: {', '.join(names)}")
+        for name in names:
+            if name in RESERVED_NAMES:
+                raise ValueError(f"models.{name}: the repository has its own '{name}' model; rename this one")
+            if name in self.frontend.names:
+                raise ValueError(f"models.{name}: a front model has that name (frontend.names); rename one of them")
         if self.scheduling.strategy == "tokenrouter":
             check_thresholds(self.models, self.scheduling.max_active)
         return self

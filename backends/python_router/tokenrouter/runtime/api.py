@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
@@ -23,6 +24,7 @@ from ..text import TextCodec
 from .assembly import build_policy, build_subserver, effective_max_model_len, make_auto_thresholds
 from ..protocol import RequestSpec
 from .admission import ServerBusy
+from .emission import large_model_share
 from .observers import StepLog
 from .request import RequestError
 from .strategies import make_strategy
@@ -283,7 +285,7 @@ class TokenRoutingEngine:
 
     def _result(self, handle: RequestHandle) -> GenerationResult:
         models = self._names(handle.origins)
-        share = sum(1 for m in models if m != self.config.entry) / len(models) if models else 0.0
+        share = large_model_share(Counter(handle.origins), self.config.model_names.index(self.config.entry))
         text = self.codec.decode(handle.token_ids) if self.codec else None
         return GenerationResult(handle.token_ids[:], models, handle.finish_reason or "error", share, text,
                                 handle.error, None if handle.logprobs is None else handle.logprobs[:])

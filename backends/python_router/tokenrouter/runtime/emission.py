@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Mapping
 
 from .effects import Emit
 from .request import ClientSink
+
+
+def large_model_share(tokens_by_model: Mapping[int, int], entry_index: int) -> float:
+    """The share of output tokens produced by models other than the entry (0 before any output):
+    what a client sees per request and the metrics report over all requests."""
+    total = sum(tokens_by_model.values())
+    return 1.0 - tokens_by_model.get(entry_index, 0) / total if total else 0.0
 
 
 class ClientOutputs:

@@ -165,6 +165,14 @@ def validate_sampling(*, max_tokens: int, temperature: float, top_p: float, top_
     _check_logit_bias(logit_bias, vocab_size)
 
 
+def validate_spec_sampling(spec: RequestSpec, vocab_size: int | None) -> None:
+    """validate_sampling on a RequestSpec's fields."""
+    validate_sampling(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+                      repetition_penalty=spec.repetition_penalty, presence_penalty=spec.presence_penalty,
+                      frequency_penalty=spec.frequency_penalty, min_tokens=spec.min_tokens, logit_bias=spec.logit_bias,
+                      return_log_probs=spec.return_log_probs, vocab_size=vocab_size)
+
+
 def _check_logit_bias(logit_bias: Sequence[Sequence[Any]], vocab_size: int | None) -> None:
     """(token id, weight) pairs; a weight of -inf bans its token, +inf or NaN is refused."""
     if isinstance(logit_bias, (str, bytes)) or not isinstance(logit_bias, Sequence):
@@ -198,10 +206,12 @@ def validate_submission(prompt_ids: list[int], spec: RequestSpec, *, max_model_l
         raise RequestError("the prompt is empty")
     if any(not 0 <= t < vocab_size for t in prompt_ids):
         raise RequestError(f"prompt token ids must be in [0, {vocab_size})")
-    validate_sampling(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-                      repetition_penalty=spec.repetition_penalty, presence_penalty=spec.presence_penalty,
-                      frequency_penalty=spec.frequency_penalty, min_tokens=spec.min_tokens, logit_bias=spec.logit_bias,
-                      return_log_probs=spec.return_log_probs, vocab_size=vocab_size)
+    validate_spec_sampling(spec, vocab_size)
+    for what, ids in (("end_id", spec.end_ids), ("stop sequence", [t for seq in spec.stop_sequences for t in seq]),
+                      ("bad word", [t for seq in spec.bad_sequences for t in seq])):
+        outside = [t for t in ids if not 0 <= t < vocab_size]
+        if outside:
+            raise RequestError(f"{what} token ids {outside[:8]} are outside the vocabulary [0, {vocab_size})")
     if len(prompt_ids) >= max_model_len:
         raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the limit is {max_model_len - 1}")
     if len(prompt_ids) + spec.max_tokens > max_model_len:

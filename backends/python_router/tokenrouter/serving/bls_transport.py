@@ -15,11 +15,10 @@ import threading
 import time
 from typing import Any, Callable
 
-import numpy as np
-
 from ..protocol import PeerMessage, encode_batch
 from ..runtime.transport import Transport
 from .peer_auth import peer_parameters
+from .schema import SUBSERVER_INPUTS
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +26,13 @@ PEER_INPUT = "peer_message"
 
 
 class BlsTransport(Transport):
-    def __init__(self, pb_utils: Any, secret: str, *, batch_dim: bool, on_failure: Callable[[str, str], None],
+    def __init__(self, pb_utils: Any, secret: str, *, on_failure: Callable[[str, str], None],
                  on_round_trip: Callable[[float], None] | None = None) -> None:
         """``secret``: this server start's peer secret; peers refuse messages without it.
-        ``batch_dim``: the peers' configs have max_batch_size > 0 (inputs carry a batch dim).
         ``on_failure(rid, error)`` is called for every request whose message could not be delivered,
         so it ends with an error instead of waiting forever for a peer that never heard of it."""
         self._pb = pb_utils
         self._parameters = peer_parameters(secret)
-        self._batch_dim = batch_dim
         self._on_failure = on_failure
         self._on_round_trip = on_round_trip
         self._queues: dict[str, queue.Queue] = {}
@@ -81,9 +78,7 @@ class BlsTransport(Transport):
             self._ship(peer, batch)
 
     def _ship(self, peer: str, messages: list[PeerMessage]) -> None:
-        payload = np.array([encode_batch(messages)], dtype=np.object_)
-        if self._batch_dim:
-            payload = payload.reshape(1, 1)
+        payload = SUBSERVER_INPUTS[PEER_INPUT].row(encode_batch(messages))  # the peers' batch dim: one row
         request = self._pb.InferenceRequest(model_name=peer, requested_output_names=[],
                                             inputs=[self._pb.Tensor(PEER_INPUT, payload)],
                                             parameters=self._parameters)

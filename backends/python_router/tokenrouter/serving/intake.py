@@ -1,8 +1,10 @@
 """A subserver model's Triton requests in: each gets exactly one final answer, whatever raises.
 
-Two kinds of request reach a subserver model: a client's prompt (``input_ids`` and sampling
-inputs, entry model only) and peer messages from the other subservers of this server
-(``peer_message``, authenticated by the server's secret, see peer_auth.py).
+Two kinds of request reach a subserver model: a prompt (``input_ids`` and sampling inputs, entry
+model only), from a front model or from a client that tokenizes itself, and peer messages from the
+other subservers of this server or control calls (``peer_message``, authenticated by the server's
+secret, see peer_auth.py). A front names its prompt by a key (with the secret) so that its
+control call can cancel it: Triton does not pass a client's cancellation on to a BLS request.
 
 The bookkeeping rule that keeps Triton alive: a response sender is registered with the writer
 (which polls it for cancellation) only while the subserver owns the request. If anything raises
@@ -23,11 +25,13 @@ from ..protocol import RequestSpec, decode_batch
 from ..runtime.admission import ServerBusy
 from ..runtime.request import RequestError
 from .bls_transport import PEER_INPUT
-from .peer_auth import CONTROL_PARAMETER, REASON_PARAMETER, carries_secret, request_parameters
+from .peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
+                        carries_secret, request_parameters)
 from .responses import ResponseWriter, TritonSink
+from .schema import SPEC_SCALARS, split_sequences
 
 log = logging.getLogger(__name__)
-
+DEFAULT_MAX_TOKENS = 16
 
 
 class SubserverIntake:
@@ -55,23 +59,31 @@ class SubserverIntake:
             else:
                 self._submit(request, sender)
         except RequestError as exc:
-            self._reject(sender, str(exc), self._pb.TritonError.INVALID_ARG)
+            self._reject(request, sender, str(exc), self._pb.TritonError.INVALID_ARG)
         except ServerBusy as exc:  # the admission queue is full: the client may retry later
-            self._reject(sender, str(exc), self._pb.TritonError.UNAVAILABLE)
+            self._reject(request, sender, str(exc), self._pb.TritonError.UNAVAILABLE)
         except Exception as exc:  # noqa: BLE001 - a bug here must cost one request, never the server
             log.exception("%s: request failed in the Triton glue", self._subserver.name)
-            self._reject(sender, f"internal error: {type(exc).__name__}: {exc}", self._pb.TritonError.INTERNAL)
+            self._reject(request, sender, f"internal error: {type(exc).__name__}: {exc}", self._pb.TritonError.INTERNAL)
 
     def _take_peer_messages(self, request: Any) -> None:
-        parameters = request_parameters(request)
-        if not carries_secret(parameters, self._secret):
-            self._on_refused_peer_call()
-            raise RequestError(f"'{PEER_INPUT}' is for this server's own models; refused")
-        if parameters.get(CONTROL_PARAMETER) == "shutdown":
+        parameters = request_parameters(request) or {}
+        self._refuse_without_secret(parameters, PEER_INPUT)
+        control = parameters.get(CONTROL_PARAMETER)
+        if control == "shutdown":
             self._end_all(str(parameters.get(REASON_PARAMETER) or "the server is shutting down"))
+        elif control == "cancel":
+            for rid in self._writer.rids_of(str(parameters.get(CANCEL_KEYS_PARAMETER, "")).split()):
+                self._subserver.cancel(rid)
         payload = self._pb.get_input_tensor_by_name(request, PEER_INPUT).as_numpy().reshape(-1)[0]
         for message in decode_batch(payload):
             self._subserver.deliver(message)
+
+    def _refuse_without_secret(self, parameters: dict[str, Any], what: str) -> None:
+        """Calls that need this server's secret: refused (and counted) without it."""
+        if not carries_secret(parameters, self._secret):
+            self._on_refused_peer_call()
+            raise RequestError(f"'{what}' is for this server's own models; refused")
 
     def _end_all(self, reason: str) -> None:
         """The launcher stops or restarts the server: every request this model answers ends now
@@ -82,35 +94,51 @@ class SubserverIntake:
     def _submit(self, request: Any, sender: Any) -> None:
         if not self._subserver.is_entry:
             raise RequestError(f"'{self._subserver.name}' is not the entry model; send requests to "
-                               f"'{self._subserver.entry}' or the ensemble")
+                               f"'{self._subserver.entry}' or a front model (e.g. 'tokenrouter')")
+        parameters = request_parameters(request)
+        if parameters is None:
+            raise RequestError("the request's parameters cannot be read")
+        key = None
+        if REQUEST_KEY_PARAMETER in parameters:  # a front's request, named for cancelling
+            self._refuse_without_secret(parameters, REQUEST_KEY_PARAMETER)
+            key = str(parameters[REQUEST_KEY_PARAMETER])
+            # A front's decoupled BLS call holds one of its stub's parent-side threads (32, python
+            # backend's thread-pool-size) until the first response comes; requests waiting here for
+            # admission would hold them all and starve that front's own sends and cancel calls.
+            # So an empty response goes out at once, from the writer (one thread sends: front_writer.py).
+            self._writer.accept(sender)
         prompt = self._array(request, "input_ids")
         if prompt is None:
             raise RequestError("input_ids is required")
         if prompt.ndim > 1 and prompt.shape[0] != 1:
             raise RequestError(f"one prompt per request, got a batch of {prompt.shape[0]}")
-        spec = RequestSpec(
-            prompt_len=int(prompt.size),
-            max_tokens=self._scalar(request, "max_tokens", 16, int),
-            temperature=self._scalar(request, "temperature", 0.0, float),
-            top_p=self._scalar(request, "top_p", 1.0, float),
-            top_k=self._scalar(request, "top_k", 0, int),
-            seed=self._scalar(request, "random_seed", 0, int),
-            end_ids=[int(t) for t in self._flat(request, "end_id")],
-            stop_sequences=split_sequences(self._flat(request, "stop_ids")),
-            bad_sequences=split_sequences(self._flat(request, "bad_ids")),
-        )
+        spec = self._spec(request, int(prompt.size))
         if not spec.end_ids:
             spec.end_ids = sorted(self._subserver.engine.eos_token_ids)
         _refuse_a_fully_banned_vocabulary(spec.bad_sequences, self._subserver.engine.vocab_size)
-        stream = self._scalar(request, "stream", False, bool)
+        stream = self._scalar(request, "stream", False)
         rid = f"{self._subserver.name}-{next(self._ids)}"
-        sink = TritonSink(self._writer, rid, sender, stream, self._names, self._subserver.index)
-        self._writer.track(rid, sender)  # before submit: the loop may answer before submit returns
+        sink = TritonSink(self._writer, rid, sender, bool(stream), self._names, self._subserver.index)
+        self._writer.track(rid, sender, key)  # before submit: the loop may answer before submit returns
         try:
             self._subserver.submit(rid, [int(t) for t in prompt.reshape(-1)], spec, sink)
         except BaseException:
             self._writer.untrack(rid)
             raise
+
+    def _spec(self, request: Any, prompt_len: int) -> RequestSpec:
+        """The request's RequestSpec from the subserver inputs (schema.SPEC_SCALARS and the lists);
+        the runtime validates it at submit."""
+        scalars = {name: value for name in SPEC_SCALARS if (value := self._scalar(request, name, None)) is not None}
+        bias_ids, bias_weights = self._flat(request, "logit_bias_ids"), self._flat(request, "logit_bias_weights")
+        if len(bias_ids) != len(bias_weights):
+            raise RequestError(f"logit_bias_ids has {len(bias_ids)} ids and logit_bias_weights "
+                               f"{len(bias_weights)} weights; they must pair up")
+        return RequestSpec(prompt_len=prompt_len, **{"max_tokens": DEFAULT_MAX_TOKENS, **scalars},
+                           end_ids=[int(t) for t in self._flat(request, "end_id")],
+                           stop_sequences=split_sequences(self._flat(request, "stop_ids")),
+                           bad_sequences=split_sequences(self._flat(request, "bad_ids")),
+                           logit_bias=list(zip(bias_ids, bias_weights)))
 
     def _array(self, request: Any, name: str) -> np.ndarray | None:
         tensor = self._pb.get_input_tensor_by_name(request, name)
@@ -120,21 +148,22 @@ class SubserverIntake:
         array = self._array(request, name)
         return [] if array is None else array.reshape(-1).tolist()
 
-    def _scalar(self, request: Any, name: str, default: Any, kind: type) -> Any:
+    def _scalar(self, request: Any, name: str, default: Any) -> Any:
+        """One value as a Python scalar (numpy's .item(): the dtype the schema declares)."""
         array = self._array(request, name)
         if array is None:
             return default
         if array.size != 1:
             raise RequestError(f"{name} must hold one value, got {array.size}")
-        return kind(array.reshape(-1)[0])
+        return array.reshape(-1)[0].item()
 
-    def _reject(self, sender: Any, message: str, code: int) -> None:
-        pb = self._pb
-        try:
-            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message, code)),
-                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception:  # the request was already answered (a send that raised after it went out)
-            log.warning("%s: could not send the error '%s'", self._subserver.name, message, exc_info=True)
+    def _reject(self, request: Any, sender: Any, message: str, code: int) -> None:
+        """The error goes out from the writer thread, after whatever it was given for this sender
+        before (a front's accepted response), never next to it from this one; to a front, as data
+        (error_codes.py)."""
+        parameters = request_parameters(request) or {}
+        to_front = REQUEST_KEY_PARAMETER in parameters and carries_secret(parameters, self._secret)
+        self._writer.error("", sender, message, code, in_band=to_front)
 
 
 def _refuse_a_fully_banned_vocabulary(bad_sequences: list[list[int]], vocab_size: int) -> None:
@@ -145,17 +174,3 @@ def _refuse_a_fully_banned_vocabulary(bad_sequences: list[list[int]], vocab_size
     if len(banned) >= vocab_size and banned >= set(range(vocab_size)):
         raise RequestError(f"bad_words ban every one of the {vocab_size} tokens; nothing could be generated")
 
-
-def split_sequences(flat: list[int]) -> list[list[int]]:
-    """Stop and bad-word sequences arrive flattened, each followed by -1."""
-    sequences, current = [], []
-    for token in flat:
-        if token == -1:
-            if current:
-                sequences.append(current)
-            current = []
-        else:
-            current.append(int(token))
-    if current:
-        sequences.append(current)
-    return sequences

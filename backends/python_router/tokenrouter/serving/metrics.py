@@ -10,6 +10,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+from ..runtime.emission import large_model_share
 from ..runtime.subserver import Subserver
 from .trt_llm_metrics import TrtLlmMetrics
 
@@ -104,9 +105,8 @@ class SubserverMetrics:
                 self._finished_by_reason[reason].increment(count - self._seen_finished[reason])
                 self._seen_finished[reason] = count
             self._admission.update()
-            produced = sum(stats.output_by_model.values())
-            if produced:
-                self._share.set(1.0 - stats.output_by_model[server.index] / produced)
+            if stats.output_by_model:
+                self._share.set(large_model_share(stats.output_by_model, server.index))
 
     def _add(self, metric: Any, key: str, total: float) -> None:
         delta = total - self._seen[key]

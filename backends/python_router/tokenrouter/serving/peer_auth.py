@@ -27,10 +27,20 @@ SECRET_ENV = "TOKENROUTER_PEER_SECRET"
 SECRET_PARAMETER = "tokenrouter_peer_secret"
 CONTROL_PARAMETER = "tokenrouter_control"
 REASON_PARAMETER = "tokenrouter_reason"
+# A front names each request it sends the entry by a key of its own choosing (new_request_key),
+# passed with the secret; a "cancel" control call names the keys to end.
+REQUEST_KEY_PARAMETER = "tokenrouter_request_key"
+CANCEL_KEYS_PARAMETER = "tokenrouter_cancel_keys"
 
 
 def new_secret() -> str:
     return secrets.token_urlsafe(32)
+
+
+def new_request_key() -> str:
+    """A name for one request, unguessable, so that a forged cancel could not hit it even if the
+    secret check were gone."""
+    return secrets.token_urlsafe(16)
 
 
 def server_secret(folder: Path | None = None) -> str:
@@ -85,13 +95,24 @@ def control_parameters(secret: str, command: str, reason: str) -> dict[str, str]
     return {**peer_parameters(secret), CONTROL_PARAMETER: command, REASON_PARAMETER: reason}
 
 
-def request_parameters(request: Any) -> dict[str, Any]:
-    """A Triton request's parameters; {} when they cannot be read."""
+def front_request_parameters(secret: str, key: str) -> dict[str, str]:
+    """Parameters of a front's request to the entry subserver: the secret and the request's key."""
+    return {**peer_parameters(secret), REQUEST_KEY_PARAMETER: key}
+
+
+def cancel_parameters(secret: str, keys: list[str]) -> dict[str, str]:
+    """Parameters of a front's control call that cancels the requests it named ``keys``."""
+    return {**peer_parameters(secret), CONTROL_PARAMETER: "cancel", CANCEL_KEYS_PARAMETER: " ".join(keys)}
+
+
+def request_parameters(request: Any) -> dict[str, Any] | None:
+    """A Triton request's parameters; None when they cannot be read (the caller refuses: never
+    fail open)."""
     try:
         parameters = json.loads(request.parameters() or "{}")
-    except Exception:  # noqa: BLE001 - unreadable parameters carry no secret: refuse, never fail open
-        return {}
-    return parameters if isinstance(parameters, dict) else {}
+    except Exception:  # noqa: BLE001 - unreadable parameters carry no secret
+        return None
+    return parameters if isinstance(parameters, dict) else None
 
 
 def carries_secret(parameters: dict[str, Any], secret: str) -> bool:

@@ -1,8 +1,8 @@
-"""The part that preprocessing and postprocessing share as Triton Python-backend models.
+"""What the Python-backend models of the repository share: preprocessing, postprocessing, the fronts.
 
-Each loads the tokenizer named by its ``tokenizer`` parameter and answers every request on its
-own: a bad request gets an error response, the others in the same call go on.
-Imported only inside Triton's Python stub (it needs triton_python_backend_utils).
+Each loads the tokenizer named by its ``tokenizer`` parameter. Preprocessing and postprocessing
+answer every request on their own: a bad request gets an error response, the others in the same
+call go on. Imported only inside Triton's Python stub (it needs triton_python_backend_utils).
 """
 
 from __future__ import annotations
@@ -28,16 +28,25 @@ def parse_bool(raw: str) -> bool:
     return raw.strip().lower() in ("true", "1", "yes")
 
 
+def model_parameters(args: dict[str, str]) -> dict[str, str]:
+    config = json.loads(args["model_config"])
+    return {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
+
+
+def load_codec(args: dict[str, str], parameters: dict[str, str]) -> tuple[TextCodec, str]:
+    """The model's tokenizer (parameter ``tokenizer``, relative to the repository folder; the chat
+    template when ``chat_template`` is true) and the tokenizer's path."""
+    # args["model_repository"] is this model's folder; parameter paths are relative to its parent
+    path = repository_path(parameters.get("tokenizer", ""), Path(args["model_repository"]).parent)
+    if path is None:
+        raise ValueError(f"{args['model_name']}: parameter 'tokenizer' is empty; set it to a model folder or .gguf")
+    return TextCodec.from_path(path, chat_template=parse_bool(parameters.get("chat_template", "false"))), path
+
+
 class TokenizerModel:
     def initialize(self, args: dict[str, str]) -> None:
-        config = json.loads(args["model_config"])
-        self.parameters = {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
-        # args["model_repository"] is this model's folder; parameter paths are relative to its parent
-        self.tokenizer_path = repository_path(self.parameters.get("tokenizer", ""), Path(args["model_repository"]).parent)
-        if self.tokenizer_path is None:
-            raise ValueError(f"{config['name']}: parameter 'tokenizer' is empty; set it to a model folder or .gguf")
-        self.codec = TextCodec.from_path(self.tokenizer_path,
-                                         chat_template=parse_bool(self.parameters.get("chat_template", "false")))
+        self.parameters = model_parameters(args)
+        self.codec, self.tokenizer_path = load_codec(args, self.parameters)
 
     def respond(self, request: Any) -> dict[str, np.ndarray]:
         raise NotImplementedError

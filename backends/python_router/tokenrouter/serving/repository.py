@@ -2,9 +2,10 @@
 
 Layout (one folder per Triton model)::
 
-    tokenrouter/      ensemble: preprocessing -> entry subserver -> postprocessing (the client endpoint)
-    preprocessing/    python: text -> token ids (tokenizer, chat template, stop words, end ids)
-    postprocessing/   python: token ids -> text, UTF-8 safe across streamed chunks
+    tokenrouter/      python: a front (what clients call; also ensemble/, tensorrt_llm_bls/: frontend.names),
+                      TensorRT-LLM's interface -> the entry subserver by BLS -> text (front_model.py)
+    preprocessing/    python, standalone: text -> token ids (tokenizer, chat template, stop words, end ids)
+    postprocessing/   python, standalone: token ids -> text, UTF-8 safe across streamed chunks
     <model>/          python_router, role "subserver": one per config model (ModelSpec as parameters)
     router/           python_router, role "router": policy, scheduling and the policy's weights in 1/
 
@@ -29,19 +30,20 @@ from typing import Any, Iterable, Literal, Mapping
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..config import ConfigError, ModelSpec, TokenRouterConfig, load_config
+from ..config import ConfigError, FrontendSpec, ModelSpec, TokenRouterConfig, load_config
 from ..runtime.strategies import MULTI_PROCESS
+from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS,
+                     PREPROCESSING_OUTPUTS, ROUTER_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
 
-ENSEMBLE = "tokenrouter"
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
 ROUTER = "router"
 ROUTER_BACKEND = "python_router"
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_MODEL")
-# One request per Triton request. Batching is on (max_batch_size > 0) as in the TensorRT-LLM
-# ensemble, so [1, n]-shaped client tensors and HTTP generate's JSON scalars (which Triton turns
-# into [1, 1]) both fit; Triton itself rejects a batch of 2 or more with a clear error. The
-# subservers batch across requests on their own (delayed batching), not through Triton.
+# The subservers take one request per Triton request; batching is on (max_batch_size > 0) as in
+# TensorRT-LLM's models, so [1, n]-shaped tensors and HTTP generate's JSON scalars (which Triton
+# turns into [1, 1]) both fit. The subservers batch across requests on their own (delayed
+# batching), not through Triton. The fronts take frontend.max_batch_size rows.
 MAX_BATCH_SIZE = 1
 MARKER = ".tokenrouter-repository"  # marks a folder that rendering may replace wholesale
 
@@ -50,64 +52,15 @@ HEADER = (
     "# this model through the repository API (POST /v2/repository/models/<name>/load).\n"
     "# Relative paths are relative to the repository folder.\n"
 )
+REQUIRED_INPUTS = frozenset({"input_ids"})  # the fronts name a missing input themselves
 
 
-@dataclass(frozen=True)
-class Tensor:
-    dtype: str  # a model_config DataType name, e.g. "TYPE_INT32"
-    dims: tuple[int, ...]  # without the batch dimension
-
-
-# Every tensor name means the same dtype and shape in every model that uses it.
-TENSORS: dict[str, Tensor] = {
-    # client interface (TensorRT-LLM ensemble names)
-    "text_input": Tensor("TYPE_STRING", (1,)),
-    "max_tokens": Tensor("TYPE_INT32", (1,)),
-    "stream": Tensor("TYPE_BOOL", (1,)),
-    "temperature": Tensor("TYPE_FP32", (1,)),
-    "top_p": Tensor("TYPE_FP32", (1,)),
-    "top_k": Tensor("TYPE_INT32", (1,)),
-    "random_seed": Tensor("TYPE_UINT64", (1,)),
-    "stop_words": Tensor("TYPE_STRING", (-1,)),
-    "bad_words": Tensor("TYPE_STRING", (-1,)),
-    "end_id": Tensor("TYPE_INT32", (-1,)),  # TensorRT-LLM sends one id; several are allowed
-    "text_output": Tensor("TYPE_STRING", (1,)),
-    # token level (subserver interface)
-    "input_ids": Tensor("TYPE_INT32", (-1,)),
-    "stop_ids": Tensor("TYPE_INT32", (-1,)),  # stop sequences flattened, each followed by -1
-    "bad_ids": Tensor("TYPE_INT32", (-1,)),  # bad-word sequences, flattened the same way
-    "peer_message": Tensor("TYPE_STRING", (1,)),
-    "output_ids": Tensor("TYPE_INT32", (-1,)),
-    "prefix_ids": Tensor("TYPE_INT32", (-1,)),
-    "output_models": Tensor("TYPE_STRING", (-1,)),
-    "finish_reason": Tensor("TYPE_STRING", (1,)),
-    "large_model_share": Tensor("TYPE_FP32", (1,)),
-    "is_final": Tensor("TYPE_BOOL", (1,)),
-    "policy": Tensor("TYPE_STRING", (1,)),  # the router's answer: the policy it carries, as JSON
-}
-SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "random_seed", "stream")
-
-SUBSERVER_INPUTS = ("input_ids", *SAMPLING, "end_id", "stop_ids", "bad_ids", "peer_message")
-SUBSERVER_OUTPUTS = ("output_ids", "prefix_ids", "output_models", "finish_reason", "large_model_share", "is_final")
-PREPROCESSING_INPUTS = ("text_input", "stop_words", "bad_words", "end_id", *SAMPLING)
-PREPROCESSING_OUTPUTS = ("input_ids", "stop_ids", "bad_ids", "end_id")
-POSTPROCESSING_INPUTS = SUBSERVER_OUTPUTS
-POSTPROCESSING_OUTPUTS = ("text_output", "output_ids", "output_models", "finish_reason", "large_model_share")
-ENSEMBLE_INPUTS = ("text_input", *SAMPLING, "stop_words", "bad_words", "end_id")
-ENSEMBLE_OUTPUTS = POSTPROCESSING_OUTPUTS
-# text_input is optional on purpose: when a required ensemble input is missing, Triton 2.51's
-# ensemble answers with no response and no error; preprocessing names the problem instead.
-REQUIRED_INPUTS = frozenset({"input_ids"})
-
-
-def _add_tensors(config: mc.ModelConfig, inputs: Iterable[str], outputs: Iterable[str]) -> None:
-    for name in inputs:
-        t = TENSORS[name]
-        config.input.add(name=name, data_type=mc.DataType.Value(t.dtype), dims=t.dims,
-                         optional=name not in REQUIRED_INPUTS)
-    for name in outputs:
-        t = TENSORS[name]
-        config.output.add(name=name, data_type=mc.DataType.Value(t.dtype), dims=t.dims)
+def _add_tensors(config: mc.ModelConfig, inputs: Iterable[Tensor], outputs: Iterable[Tensor]) -> None:
+    for t in inputs:
+        config.input.add(name=t.name, data_type=mc.DataType.Value(t.config_type), dims=t.dims,
+                         optional=t.name not in REQUIRED_INPUTS)
+    for t in outputs:
+        config.output.add(name=t.name, data_type=mc.DataType.Value(t.config_type), dims=t.dims)
 
 
 def _encode(value: Any) -> str:
@@ -163,7 +116,7 @@ def repository_path(raw: str, repo_dir: Path) -> str | None:
 
 
 def model_config(name: str, *, backend: str = "", platform: str = "", max_batch_size: int = MAX_BATCH_SIZE,
-                 inputs: Iterable[str] = (), outputs: Iterable[str] = (),
+                 inputs: Iterable[Tensor] = (), outputs: Iterable[Tensor] = (),
                  parameters: Mapping[str, Any] | None = None, decoupled: bool = False,
                  instance_kind: str | None = "KIND_CPU", gpus: Iterable[int] = ()) -> mc.ModelConfig:
     """One model's config.pbtxt contents; parameters are encoded as strings."""
@@ -197,26 +150,9 @@ def subserver_config(name: str, parameters: Mapping[str, Any], *, backend: str =
     """
     instance_kind = instance_kind or instance_kind_for(device)
     gpus = [int(device.partition(":")[2] or 0)] if instance_kind == "KIND_GPU" else []
-    return model_config(name, backend=backend, inputs=SUBSERVER_INPUTS, outputs=SUBSERVER_OUTPUTS,
+    return model_config(name, backend=backend, inputs=SUBSERVER_INPUTS.values(), outputs=SUBSERVER_OUTPUTS.values(),
                         parameters={**parameters, "role": "subserver"}, decoupled=True,
                         instance_kind=instance_kind, gpus=gpus)
-
-
-def _ensemble_config(entry: str) -> mc.ModelConfig:
-    config = model_config(ENSEMBLE, platform="ensemble", inputs=ENSEMBLE_INPUTS, outputs=ENSEMBLE_OUTPUTS,
-                          instance_kind=None)
-    steps = config.ensemble_scheduling.step
-    pre = steps.add(model_name=PREPROCESSING, model_version=-1)
-    pre.input_map.update({name: name for name in PREPROCESSING_INPUTS})
-    pre.output_map.update({name: f"_{name}" for name in PREPROCESSING_OUTPUTS})
-    sub = steps.add(model_name=entry, model_version=-1)
-    sub.input_map.update({name: f"_{name}" for name in PREPROCESSING_OUTPUTS})
-    sub.input_map.update({name: name for name in SAMPLING})
-    sub.output_map.update({name: f"_{name}" for name in SUBSERVER_OUTPUTS})
-    post = steps.add(model_name=POSTPROCESSING, model_version=-1)
-    post.input_map.update({name: f"_{name}" for name in POSTPROCESSING_INPUTS})
-    post.output_map.update({name: name for name in POSTPROCESSING_OUTPUTS})
-    return config
 
 
 def write_model(repo_dir: Path, config: mc.ModelConfig, files: Mapping[str, str | Path] | None = None) -> Path:
@@ -245,22 +181,38 @@ def _shim(module: str) -> str:
 
 
 def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template: bool,
-                    max_model_len: int | None = None) -> None:
-    """preprocessing, postprocessing and the `tokenrouter` ensemble in front of subserver ``entry``.
+                    max_model_len: int | None = None, frontend: FrontendSpec | None = None) -> None:
+    """The fronts (what clients call) and the standalone preprocessing and postprocessing, in
+    front of subserver ``entry``.
 
     ``tokenizer`` is written as given (relative paths are relative to the repository folder).
-    ``max_model_len`` (None: the model folder's limit) sizes preprocessing's byte cap on text;
-    parameter ``max_input_bytes`` overrides the cap.
+    ``max_model_len`` (None: the model folder's limit) sizes the byte cap on text; parameter
+    ``max_input_bytes`` overrides the cap.
     """
-    pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS, outputs=PREPROCESSING_OUTPUTS,
-                       parameters={"tokenizer": tokenizer, "chat_template": chat_template,
-                                   "max_model_len": max_model_len, "max_input_bytes": None})
+    frontend = frontend or FrontendSpec()
+    text = {"tokenizer": tokenizer, "chat_template": chat_template, "max_model_len": max_model_len,
+            "max_input_bytes": None}
+    for name in frontend.names:
+        write_front(repo_dir, name, {**text, "entry": entry}, decoupled=frontend.decoupled,
+                    max_batch_size=frontend.max_batch_size)
+    pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS.values(),
+                       outputs=PREPROCESSING_OUTPUTS.values(), parameters=text)
     write_model(repo_dir, pre, {"model.py": _shim("tokenrouter.serving.preprocessing_model")})
-    # One instance: responses of a stream reach it in order, and it keeps that order.
-    post = model_config(POSTPROCESSING, backend="python", inputs=POSTPROCESSING_INPUTS,
-                        outputs=POSTPROCESSING_OUTPUTS, parameters={"tokenizer": tokenizer})
+    post = model_config(POSTPROCESSING, backend="python", inputs=POSTPROCESSING_INPUTS.values(),
+                        outputs=POSTPROCESSING_OUTPUTS.values(), parameters={"tokenizer": tokenizer})
     write_model(repo_dir, post, {"model.py": _shim("tokenrouter.serving.postprocessing_model")})
-    write_model(repo_dir, _ensemble_config(entry))
+
+
+def write_front(repo_dir: Path, name: str, parameters: Mapping[str, Any], *, decoupled: bool,
+                max_batch_size: int) -> Path:
+    """A front model: TensorRT-LLM's client interface, one instance (it runs every request on
+    threads of its own), decoupled or unary (``decoupled: ${decoupled_mode}`` in TensorRT-LLM).
+    ``parameters``: ``entry`` and the text parameters (tokenizer, chat_template, max_model_len,
+    max_input_bytes), as another front's config.pbtxt holds them."""
+    config = model_config(name, backend="python", max_batch_size=max_batch_size, inputs=CLIENT_INPUTS.values(),
+                          outputs=CLIENT_OUTPUTS.values(), parameters={**parameters, "role": "front"},
+                          decoupled=decoupled)
+    return write_model(repo_dir, config, {"model.py": _shim("tokenrouter.serving.front_model")})
 
 
 def _spec_parameters(spec: ModelSpec, paths: _Paths) -> dict[str, Any]:
@@ -285,8 +237,10 @@ def _router_config(config: TokenRouterConfig, weights: str) -> mc.ModelConfig:
         "max_bypass": config.scheduling.max_bypass,
         "max_responses_per_s": config.scheduling.max_responses_per_s,
         "max_model_len": config.max_model_len,
+        "fronts": config.frontend.names,
     }
-    return model_config(ROUTER, backend=ROUTER_BACKEND, max_batch_size=0, outputs=("policy",), parameters=parameters)
+    return model_config(ROUTER, backend=ROUTER_BACKEND, max_batch_size=0, outputs=ROUTER_OUTPUTS.values(),
+                        parameters=parameters)
 
 
 def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], out_dir: Path, *,
@@ -316,7 +270,8 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
         render_frontend(staging, entry=config.entry, tokenizer=paths.encode(config.tokenizer_path),
-                        chat_template=config.chat_template, max_model_len=config.max_model_len)
+                        chat_template=config.chat_template, max_model_len=config.max_model_len,
+                        frontend=config.frontend)
         for name, spec in config.models.items():
             sub = subserver_config(name, _spec_parameters(spec, paths), instance_kind=instance_kind, device=spec.device)
             write_model(staging, sub)
@@ -408,6 +363,8 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
     pre = model_parameters(pre_dir)
     tokenizer = paths.decode(_require(pre, "tokenizer", pre_dir))
     entry = _require(router, "entry", router_dir) or None
+    fronts = json_param("fronts")
+    first_front = read_model_config(repo_dir / fronts[0]) if isinstance(fronts, list) and fronts else None
     raw = {
         "models": models,
         "entry": entry,
@@ -429,5 +386,8 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
         "tokenizer": None if tokenizer == models.get(entry or next(iter(models), ""), {}).get("path") else tokenizer,
         "chat_template": _decode(_require(pre, "chat_template", pre_dir), text=False),
         "max_model_len": json_param("max_model_len"),
+        # the first front's config speaks for all (each front reads its own mode from its own config)
+        "frontend": {"names": fronts, "decoupled": first_front.model_transaction_policy.decoupled,
+                     "max_batch_size": first_front.max_batch_size} if first_front else {"names": fronts},
     }
     return load_config(raw)

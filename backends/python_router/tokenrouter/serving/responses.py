@@ -3,9 +3,9 @@
 The decoding loop only queues chunks; the writer thread sends them in order and polls every
 tracked sender for client cancellation, so the loop never waits on Triton's IPC.
 
-Every response costs the same however many tokens it carries (a send over the stub's IPC, a pass
-through the ensemble and postprocessing, a gRPC message, a client callback), and a hop behind the
-writer can fall behind without the writer noticing (the ensemble queues for it). So the writer
+Every response costs the same however many tokens it carries (a send over the stub's IPC, the
+front's detokenizing and its own response, a gRPC message, a client callback), and a hop behind the
+writer can fall behind without the writer noticing (the front's stub queues for it). So the writer
 paces each stream instead: a request's responses are at least (live streams / max_responses_per_s)
 apart, and tokens produced in between leave together in the next one, each with its model and in
 its place (``Pacer``). The first token and the final response are never held, so first-token
@@ -22,11 +22,17 @@ import time
 from dataclasses import dataclass
 from typing import Any, Union
 
+from collections import Counter
+
 import numpy as np
+
+from ..runtime.emission import large_model_share
+from .detokenize import PREFIX_TOKENS
+from .error_codes import code_name
+from .schema import SUBSERVER_OUTPUTS
 
 log = logging.getLogger(__name__)
 
-PREFIX_WINDOW = 8  # tokens before a chunk that postprocessing needs to decode it UTF-8-safely
 # Each is_cancelled() is an IPC round trip to tritonserver: polling 64 streams every 20 ms cost
 # 3200 round trips a second. 0.1 s bounds how late a cancellation is noticed.
 CANCEL_POLL_S = 0.1
@@ -39,9 +45,10 @@ class Chunk:
 
     tokens: list[int]
     origins: list[bytes]  # the model name of every token, encoded
-    prefix: list[int]  # up to PREFIX_WINDOW tokens sent before this chunk (UTF-8 safe decoding)
+    prefix: list[int]  # up to PREFIX_TOKENS tokens sent before this chunk (UTF-8 safe decoding)
     finish_reason: str | None
     large_share: float  # of all output so far, this chunk's tokens included
+    logprobs: list[float]  # one per token when the request returns log probabilities, else empty
 
     @property
     def final(self) -> bool:
@@ -51,17 +58,21 @@ class Chunk:
         """Append the chunk that followed this one: the prefix before this one precedes both."""
         self.tokens += later.tokens
         self.origins += later.origins
+        self.logprobs += later.logprobs
         self.finish_reason, self.large_share = later.finish_reason, later.large_share
 
     def tensors(self) -> dict[str, np.ndarray]:
-        return {
-            "output_ids": np.array(self.tokens, dtype=np.int32),
-            "prefix_ids": np.array(self.prefix, dtype=np.int32),
-            "output_models": np.array(self.origins, dtype=np.object_),
-            "finish_reason": np.array([(self.finish_reason or "").encode()], dtype=np.object_),
-            "large_model_share": np.array([self.large_share], dtype=np.float32),
-            "is_final": np.array([self.final], dtype=bool),
-        }
+        """The subserver's outputs (schema.SUBSERVER_OUTPUTS, but the error ones), each one batch row."""
+        values = {"output_ids": self.tokens, "prefix_ids": self.prefix, "output_models": self.origins,
+                  "output_log_probs": self.logprobs, "finish_reason": (self.finish_reason or "").encode(),
+                  "large_model_share": self.large_share, "is_final": self.final}
+        return {name: SUBSERVER_OUTPUTS[name].row(value) for name, value in values.items()}
+
+
+def in_band_error(message: str, code_name: str) -> dict[str, np.ndarray]:
+    """A front's failed request's last response, as data (error_codes.py says why)."""
+    return {**Chunk([], [], [], "error", 0.0, []).tensors(), "error": SUBSERVER_OUTPUTS["error"].row(message.encode()),
+            "error_code": SUBSERVER_OUTPUTS["error_code"].row(code_name.encode())}
 
 
 @dataclass
@@ -80,7 +91,16 @@ class _Error:
     rid: str
     sender: Any
     message: str
+    code: Any = None  # a TritonError code; None: Triton's default (INTERNAL)
+    in_band: bool = False  # a front's request: the error goes as data (error_codes.py)
     final = True
+
+
+@dataclass
+class _Accepted:
+    """An empty first response to a front's request, before any of its output (see intake.py)."""
+
+    sender: Any
 
 
 Item = Union[_Data, _Error]
@@ -138,20 +158,19 @@ class TritonSink:
         self._writer, self._rid, self._sender, self._stream = writer, rid, sender, stream
         self._names = [name.encode() for name in names]
         self._entry_index = entry_index
-        self._tail: list[int] = []  # the last PREFIX_WINDOW tokens handed to the writer
+        self._tail: list[int] = []  # the last PREFIX_TOKENS tokens handed to the writer
         self._unsent: Chunk | None = None  # not streaming: everything so far
-        self._count = self._large = 0
+        self._by_model: Counter = Counter()
 
     def on_output(self, tokens: list[int], origins: list[int], finish_reason: str | None = None,
                   error: str | None = None, logprobs: list[float] | None = None) -> None:
         if finish_reason == "error":
             self._writer.error(self._rid, self._sender, error or "generation failed")
             return
-        self._count += len(tokens)
-        self._large += sum(1 for o in origins if o != self._entry_index)
+        self._by_model.update(origins)
         chunk = Chunk(list(tokens), [self._names[o] for o in origins], self._tail, finish_reason,
-                      self._large / self._count if self._count else 0.0)
-        self._tail = (self._tail + chunk.tokens)[-PREFIX_WINDOW:]
+                      large_model_share(self._by_model, self._entry_index), list(logprobs or ()))
+        self._tail = (self._tail + chunk.tokens)[-PREFIX_TOKENS:]
         if not self._stream:
             if self._unsent is None:
                 self._unsent = chunk
@@ -167,21 +186,32 @@ class ResponseWriter:
     """Sends paced responses from one thread (see the module docstring) and polls client
     cancellation every ``cancel_poll_s``."""
 
-    def __init__(self, pb_utils: Any, subserver: Any, batch_dim: bool, *,
+    def __init__(self, pb_utils: Any, subserver: Any, *,
                  max_responses_per_s: float = MAX_RESPONSES_PER_S, cancel_poll_s: float = CANCEL_POLL_S) -> None:
-        self._pb, self._subserver, self._batch_dim = pb_utils, subserver, batch_dim
+        self._pb, self._subserver = pb_utils, subserver
         self._max_responses_per_s = max_responses_per_s
         self._cancel_poll_s = cancel_poll_s
         self._pacer = Pacer()
         self._queue: queue.Queue = queue.Queue()
         self._senders: dict[str, Any] = {}
+        self._keys: dict[str, str] = {}  # request key (chosen by a front, see front_model.py) -> rid
+        self._key_of: dict[str, str] = {}  # rid -> its key
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="responses", daemon=True)
         self._thread.start()
 
-    def track(self, rid: str, sender: Any) -> None:
+    def track(self, rid: str, sender: Any, key: str | None = None) -> None:
+        """Answer ``rid`` through ``sender`` and poll it for cancellation until its final response;
+        ``key``: the name a front gave the request, by which it may cancel it (``rids_of``)."""
         with self._lock:
             self._senders[rid] = sender
+            if key is not None:
+                self._keys[key], self._key_of[rid] = rid, key
+
+    def rids_of(self, keys: list[str]) -> list[str]:
+        """The live requests that fronts named ``keys`` (unknown or finished ones are skipped)."""
+        with self._lock:
+            return [self._keys[key] for key in keys if key in self._keys]
 
     def end_all(self, message: str) -> list[str]:
         """Answer every request whose final response is still to come with error ``message``;
@@ -196,12 +226,21 @@ class ResponseWriter:
     def untrack(self, rid: str) -> None:
         with self._lock:
             self._senders.pop(rid, None)
+            self._keys.pop(self._key_of.pop(rid, ""), None)
 
     def respond(self, rid: str, sender: Any, chunk: Chunk) -> None:
         self._queue.put(_Data(rid, sender, chunk))
 
-    def error(self, rid: str, sender: Any, message: str) -> None:
-        self._queue.put(_Error(rid, sender, message))
+    def error(self, rid: str, sender: Any, message: str, code: Any = None, in_band: bool | None = None) -> None:
+        """End ``rid`` with an error; ``in_band`` (None: whether a front named the request) sends it
+        as data, the way a front can receive it (error_codes.py)."""
+        if in_band is None:
+            with self._lock:
+                in_band = rid in self._key_of
+        self._queue.put(_Error(rid, sender, message, code, in_band))
+
+    def accept(self, sender: Any) -> None:
+        self._queue.put(_Accepted(sender))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -226,6 +265,9 @@ class ResponseWriter:
             if None in items:  # close: send what came before it, then stop
                 items, closing = items[:items.index(None)], True
             for item in items:
+                if isinstance(item, _Accepted):
+                    self._send_accepted(item.sender)
+                    continue
                 for now_due in self._pacer.add(item):
                     self._send(now_due)
             for item in self._pacer.due(time.monotonic(), 0.0 if closing else interval):
@@ -237,25 +279,39 @@ class ResponseWriter:
     def _send(self, item: Item) -> None:
         pb = self._pb
         sender, final = item.sender, item.final
+        with self._lock:
+            in_band = item.in_band if isinstance(item, _Error) else item.rid in self._key_of
         if final:
             self.untrack(item.rid)
         try:
             if isinstance(item, _Error):
-                response = pb.InferenceResponse(output_tensors=[], error=pb.TritonError(item.message))
+                response = self._error_response(item.message, item.code, in_band)
             else:
-                response = pb.InferenceResponse([pb.Tensor(name, array[None] if self._batch_dim else array)
-                                                 for name, array in item.chunk.tensors().items()])
+                response = pb.InferenceResponse([pb.Tensor(name, array) for name, array in item.chunk.tensors().items()])
             sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         except Exception as exc:  # the client is gone; the runtime learns it from is_cancelled
             log.debug("response could not be sent", exc_info=True)
             if final:  # Triton frees a request only on a FINAL: never leave one without it
-                self._send_final_error(sender, f"the response could not be sent: {type(exc).__name__}: {exc}")
+                self._send_final_error(sender, f"the response could not be sent: {type(exc).__name__}: {exc}", in_band)
 
-    def _send_final_error(self, sender: Any, message: str) -> None:
+    def _error_response(self, message: str, code: Any, in_band: bool) -> Any:
+        pb = self._pb
+        if in_band:
+            return pb.InferenceResponse([pb.Tensor(name, array) for name, array in
+                                         in_band_error(message, code_name(pb, code)).items()])
+        error = pb.TritonError(message) if code is None else pb.TritonError(message, code)
+        return pb.InferenceResponse(output_tensors=[], error=error)
+
+    def _send_accepted(self, sender: Any) -> None:
+        try:
+            sender.send(self._pb.InferenceResponse(output_tensors=[]), flags=0)
+        except Exception:  # the client is gone; its request still ends with a FINAL later
+            log.debug("the accepted response could not be sent", exc_info=True)
+
+    def _send_final_error(self, sender: Any, message: str, in_band: bool) -> None:
         pb = self._pb
         try:
-            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message)),
-                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(self._error_response(message, None, in_band), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:
             log.debug("the final error could not be sent either", exc_info=True)
 

@@ -25,7 +25,7 @@ from .cpu_sampler import CpuSampler
 from .intake import SubserverIntake
 from .metrics import SubserverMetrics
 from .peer_auth import server_secret
-from .repository import read_repository
+from .repository import MAX_BATCH_SIZE, read_repository
 from .responses import ResponseWriter
 
 log = logging.getLogger(__name__)
@@ -81,19 +81,19 @@ class SubserverRole:
                              f"use one of {', '.join(MULTI_PROCESS)} (the embedded API runs the others)")
         if self.name not in config.models:
             raise ValueError(f"model '{self.name}' is not in the router's model list {config.model_names}")
-        self._batch_dim = model_config.get("max_batch_size", 0) > 0
+        if model_config.get("max_batch_size", 0) != MAX_BATCH_SIZE:
+            raise ValueError(f"model '{self.name}': max_batch_size must be {MAX_BATCH_SIZE} (one request per Triton "
+                             f"request, each tensor with its batch dimension); the subserver batches on its own")
         engine = create_engine(self.name, config.models[self.name], owns_process=True)  # one stub, one model
         max_model_len = effective_max_model_len(config, [engine.max_model_len])
         capacities = {name: kv_capacity(spec) for name, spec in config.models.items()}
         secret = server_secret()
-        self._transport = BlsTransport(pb_utils, secret, batch_dim=self._batch_dim,
-                                       on_failure=self._on_transport_failure,
+        self._transport = BlsTransport(pb_utils, secret, on_failure=self._on_transport_failure,
                                        on_round_trip=lambda seconds: self._metrics.observe_round_trip(seconds))
         self.subserver = build_subserver(config, self.name, engine, build_policy(config), self._transport,
                                          make_strategy(config.scheduling.strategy, len(config.models)),
                                          max_model_len=max_model_len, capacities=capacities)
-        self._writer = ResponseWriter(pb_utils, self.subserver, self._batch_dim,
-                                      max_responses_per_s=config.scheduling.max_responses_per_s)
+        self._writer = ResponseWriter(pb_utils, self.subserver, max_responses_per_s=config.scheduling.max_responses_per_s)
         self._metrics = SubserverMetrics(pb_utils, self.subserver)
         self._intake = SubserverIntake(pb_utils, self.subserver, self._writer, config.model_names, secret,
                                        on_refused_peer_call=self._metrics.count_refused_peer_call)

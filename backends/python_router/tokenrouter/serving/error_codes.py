@@ -1,0 +1,25 @@
+"""Triton error codes by name, for errors that travel as data from the entry subserver to a front.
+
+Seen on the bundled Triton 2.51: a decoupled BLS response iterator never yields an error response
+that follows another response (the front's call then waits forever), and no error code crosses
+BLS (every error reads INTERNAL). So the entry ends a front's request that fails with a final data
+response instead: finish_reason "error", the message in ``error`` and the code's name in
+``error_code`` (responses.py); the front turns it back into an error response (entry_call.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CODE_NAMES = ("INVALID_ARG", "UNAVAILABLE", "INTERNAL", "CANCELLED", "NOT_FOUND", "UNSUPPORTED", "ALREADY_EXISTS",
+              "UNKNOWN")
+
+
+def code_name(pb_utils: Any, code: Any) -> str:
+    """The name of ``code`` (a pb_utils.TritonError code; None: INTERNAL, Triton's default)."""
+    return next((name for name in CODE_NAMES if code is not None and getattr(pb_utils.TritonError, name, None) == code),
+                "INTERNAL")
+
+
+def code_of(pb_utils: Any, name: str) -> Any:
+    return getattr(pb_utils.TritonError, name if name in CODE_NAMES else "INTERNAL")

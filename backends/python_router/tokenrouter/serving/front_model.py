@@ -1,0 +1,95 @@
+"""Triton model class of the front models: what clients call, under TensorRT-LLM's names.
+
+Rendered under each client-facing name (``frontend.names``: by default ``tokenrouter``,
+``ensemble`` and ``tensorrt_llm_bls``), decoupled (streaming) or unary as the repository says. A
+front owns its client's request, as TensorRT-LLM's ``tensorrt_llm_bls`` does: it checks
+TensorRT-LLM's whole input set and tokenizes (front_request.py, text_inputs.py), calls the entry
+subserver by decoupled BLS once per generation with the token ids and sampling inputs, each call
+on a thread of its own (entry_call.py), detokenizes incrementally and answers with TensorRT-LLM's
+outputs plus ours (front_outputs.py). One thread sends every response and watches the senders for
+cancellation, cancelling the entry's requests by the keys the front gave them (front_writer.py): an
+ensemble could not, since Triton does not pass a client's cancellation on to a composing model or
+a BLS request.
+
+Parameters: ``entry`` (the entry subserver), ``tokenizer``, ``chat_template``, ``max_model_len``,
+``max_input_bytes`` (as preprocessing's).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+
+from ..runtime.request import RequestError
+from .entry_call import EntryError, cancel_at_entry, stream_from_entry
+from .front_outputs import GenerationOutput
+from .front_request import Generation, parse_request
+from .front_writer import ClientRequest, FrontWriter
+from .peer_auth import front_request_parameters, new_request_key, server_secret
+from .python_model import load_codec, model_parameters
+from .text_inputs import TextInputs
+
+log = logging.getLogger(__name__)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        parameters = model_parameters(args)
+        codec, tokenizer_path = load_codec(args, parameters)
+        self.text = TextInputs(codec, tokenizer_path, parameters)
+        self.entry = parameters.get("entry") or ""
+        if not self.entry:
+            raise ValueError(f"{args['model_name']}: parameter 'entry' (the entry subserver) is empty")
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        self.secret = server_secret()
+        self.writer = FrontWriter(pb_utils, lambda keys: cancel_at_entry(pb_utils, self.entry, self.secret, keys))
+
+    def execute(self, requests: list) -> None:
+        # Also when unary: each request is answered later through its response sender, so that
+        # this call returns at once and many requests run at a time.
+        for request in requests:
+            self._take(request)
+        return None
+
+    def _take(self, request: Any) -> None:
+        sender = request.get_response_sender()
+        try:
+            inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+            generations = parse_request(inputs, self.text, decoupled=self.decoupled)
+        except RequestError as exc:
+            self.writer.reject(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug here must cost one request, never the server
+            log.exception("a request failed in the front")
+            self.writer.reject(sender, f"internal error: {type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+            return
+        keys = [new_request_key() for _ in generations]
+        client = self.writer.open(sender, keys, request.requested_output_names() or None)
+        for generation, key in zip(generations, keys):
+            threading.Thread(target=self._generate, args=(client, generation, key), name="generation",
+                             daemon=True).start()
+
+    def _generate(self, client: ClientRequest, generation: Generation, key: str) -> None:
+        """One generation's BLS stream from the entry, turned into the client's outputs."""
+        output = GenerationOutput(self.text.codec, generation)
+        try:
+            for chunk in stream_from_entry(pb_utils, self.entry, generation.entry_inputs(),
+                                           front_request_parameters(self.secret, key)):
+                outputs = output.response(chunk)
+                if outputs is not None:
+                    self.writer.respond(client, outputs, last_of_generation=chunk.final)
+                if chunk.final:
+                    return
+            raise EntryError(f"'{self.entry}' ended the stream without a final response", pb_utils.TritonError.INTERNAL)
+        except EntryError as exc:
+            self.writer.fail(client, str(exc), exc.code)
+        except Exception as exc:  # noqa: BLE001 - a bug here must cost one request, never the server
+            log.exception("a generation failed in the front")
+            self.writer.fail(client, f"internal error: {type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+
+    def finalize(self) -> None:
+        self.writer.close()

@@ -1,0 +1,96 @@
+"""The entry subserver's chunks as a client's responses, with TensorRT-LLM's output shapes.
+
+Triton-free. Shapes are those TensorRT-LLM's ensemble and tensorrt_llm_bls answer for one
+generation: ``text_output`` flat, one string (``as_numpy("text_output")[0].decode()``);
+``batch_index``, ``sequence_index``, ``cum_log_probs`` as [1, 1] (``[0][0]``); ``output_log_probs``
+as [1, 1, tokens] (one beam). Ours are one batch row: ``output_ids`` and ``output_models``
+[1, tokens], ``finish_reason`` and ``large_model_share`` [1, 1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from ..text import TextCodec
+from .detokenize import chunk_text
+from .front_request import Generation
+from .schema import CLIENT_OUTPUTS
+
+
+@dataclass
+class EntryChunk:
+    """One response of the entry subserver (schema.SUBSERVER_OUTPUTS), flattened."""
+
+    tokens: np.ndarray
+    prefix: np.ndarray
+    models: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: str
+    large_share: float
+    final: bool
+    error: str = ""  # with finish_reason "error": the message, and the code's name (error_codes.py)
+    error_code: str = ""
+
+    @classmethod
+    def of(cls, outputs: Mapping[str, np.ndarray]) -> "EntryChunk":
+        def flat(name: str) -> np.ndarray:
+            array = outputs.get(name)
+            return np.zeros(0) if array is None else array.reshape(-1)
+
+        def text(name: str) -> str:
+            return flat(name)[0].decode() if name in outputs else ""
+
+        return cls(flat("output_ids"), flat("prefix_ids"), flat("output_models"), flat("output_log_probs"),
+                   text("finish_reason"), float(flat("large_model_share")[0]), bool(flat("is_final")[0]),
+                   text("error"), text("error_code"))
+
+
+def chunk_outputs(chunk: EntryChunk, text: str) -> dict[str, np.ndarray]:
+    """What postprocessing and the fronts both answer for a chunk: its text and our outputs."""
+    return {"text_output": np.array([text.encode("utf-8")], dtype=np.object_),
+            "output_ids": CLIENT_OUTPUTS["output_ids"].row(chunk.tokens),
+            "output_models": CLIENT_OUTPUTS["output_models"].row(chunk.models),
+            "finish_reason": CLIENT_OUTPUTS["finish_reason"].row(chunk.finish_reason.encode()),
+            "large_model_share": CLIENT_OUTPUTS["large_model_share"].row(chunk.large_share)}
+
+
+class GenerationOutput:
+    """One generation's responses: each chunk as it comes when streaming, else one at the end."""
+
+    def __init__(self, codec: TextCodec, generation: Generation) -> None:
+        self._codec, self._generation = codec, generation
+        self._held: list[EntryChunk] = []  # not streaming: everything until the final chunk
+        self._cum_log_prob = 0.0
+
+    def response(self, chunk: EntryChunk) -> dict[str, np.ndarray] | None:
+        """The client outputs for ``chunk``; None while a non-streaming generation is not done."""
+        generation = self._generation
+        if generation.stream:
+            text = chunk_text(self._codec, chunk.prefix.tolist(), chunk.tokens.tolist(), chunk.final)
+        else:
+            self._held.append(chunk)
+            if not chunk.final:
+                return None
+            chunk = _joined(self._held)
+            shown = [*generation.prompt_ids, *chunk.tokens.tolist()] if generation.echo_prompt else chunk.tokens.tolist()
+            text = chunk_text(self._codec, [], shown, True)
+        outputs = chunk_outputs(chunk, text)
+        outputs["batch_index"] = CLIENT_OUTPUTS["batch_index"].row(generation.row)
+        outputs["sequence_index"] = CLIENT_OUTPUTS["sequence_index"].row(generation.sequence)
+        if generation.spec.return_log_probs:
+            self._cum_log_prob += float(chunk.logprobs.sum(dtype=np.float64))
+            outputs["cum_log_probs"] = CLIENT_OUTPUTS["cum_log_probs"].row(self._cum_log_prob)
+            outputs["output_log_probs"] = chunk.logprobs.astype(np.float32).reshape(1, 1, -1)
+        return outputs
+
+
+def _joined(chunks: list[EntryChunk]) -> EntryChunk:
+    last = chunks[-1]
+    if len(chunks) == 1:
+        return last
+    return EntryChunk(np.concatenate([c.tokens for c in chunks]), chunks[0].prefix,
+                      np.concatenate([c.models for c in chunks]), np.concatenate([c.logprobs for c in chunks]),
+                      last.finish_reason, last.large_share, True)
