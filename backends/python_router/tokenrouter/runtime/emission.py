@@ -13,7 +13,8 @@ def large_model_share(tokens_by_model: Mapping[int, int], entry_index: int) -> f
     """The share of output tokens produced by models other than the entry (0 before any output):
     what a client sees per request and the metrics report over all requests."""
     total = sum(tokens_by_model.values())
-    return 1.0 - tokens_by_model.get(entry_index, 0) / total if total else 0.0
+    others = total - tokens_by_model.get(entry_index, 0)  # a count, so 5 of 12 is exactly 5 / 12
+    return others / total if total else 0.0
 
 
 class ClientOutputs:
