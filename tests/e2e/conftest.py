@@ -41,8 +41,8 @@ def start_server(backend_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         log = (tmp_path_factory.mktemp("triton-log") / "server.log").open("w")
         server = TritonServer(repository, backend_dir, find_triton(), Ports.free(), host="127.0.0.1",
                               log_sink=lambda line: (log.write(line + "\n"), log.flush()), exit_timeout_s=5)
+        server = server.start_ready(timeout_s)  # as `tokenrouter serve` starts it: an aborted start is retried
         servers.append(server)
-        server.start().wait_ready(timeout_s)
         return server
 
     yield start

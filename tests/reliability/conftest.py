@@ -26,7 +26,7 @@ def routing_server(backend_dir: Path, tiny_pair: dict[str, Path],  # noqa: F811
     log = (tmp_path_factory.mktemp("routing-log") / "server.log").open("w")
     server = TritonServer(repository, backend_dir, find_triton(), Ports.free(), host="127.0.0.1",
                           log_sink=lambda line: (log.write(line + "\n"), log.flush()), exit_timeout_s=5)
-    server.start().wait_ready(300)
+    server = server.start_ready(300)  # as `tokenrouter serve` starts it: an aborted start is retried
     yield server
     server.stop()
     log.close()
