@@ -62,5 +62,5 @@ class Supervisor:
         # connection close now rather than after a graceful shutdown, and the restart starts sooner.
         self.server.stop(grace_s=0.0)
         self.server = dataclasses.replace(self.server)  # same settings and ports, a new process
-        self.server.start().wait_ready(self._ready_timeout_s)
+        self.server = self.server.start_ready(self._ready_timeout_s, say=self._say)
         self._say("ready again")

@@ -57,7 +57,7 @@ def run_served(config: TokenRouterConfig, clients: Sequence[int], workload: Work
                               host="127.0.0.1", log_sink=lambda line: (log.write(line + "\n"), log.flush()),
                               exit_timeout_s=5)
         try:
-            server.start().wait_ready(600)
+            server = server.start_ready(600)
             points = [_compare_at(n, config, engines, codec, server, workload, timing, reps, seed) for n in clients]
         finally:
             server.stop()
