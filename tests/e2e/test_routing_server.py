@@ -254,8 +254,8 @@ def test_bad_words_like_tensorrt_llm_clients_send_them(server, embedded):
     assert reply["output_ids"] == expected.token_ids != plain["output_ids"]
 
 
-def test_router_model_answers_with_the_policy_it_carries(server, config):
-    status, text = http_post(server.http_url, "/v2/models/router/infer", {"inputs": []})
+def test_routing_policy_model_answers_with_the_policy_it_carries(server, config):
+    status, text = http_post(server.http_url, "/v2/models/routing_policy/infer", {"inputs": []})
     assert status == 200, text
     described = json.loads(json.loads(text)["outputs"][0]["data"][0])
     assert described["policy"] == config["policy"]["name"] and described["params"] == config["policy"]["params"]
