@@ -1,7 +1,7 @@
 """The real thing end to end: a Triton server on loopback serving the tiny pair through the
 fronts and the python_router subservers (BLS handoffs between two stub processes).
 
-Served output must equal the embedded TokenRoutingEngine's for the same prompt, policy, seed and
+Served output must equal the embedded TokenRouter's for the same prompt, policy, seed and
 sampling inputs, under every front name and in a batch; bad input fails only its own request; the
 metrics port shows the routing. Cancellation: test_cancellation.py.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from tokenrouter import TokenRoutingEngine
+from tokenrouter import TokenRouter
 from tokenrouter.client import (DEFAULT_MODEL, batch, grpc_infer, grpc_stream, http_generate, http_generate_stream,
                                 http_post, inputs)
 from tokenrouter.serving.repository import render_repository
@@ -60,7 +60,7 @@ def server(start_server, config, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def embedded(config):
-    with TokenRoutingEngine.from_config(config) as engine:
+    with TokenRouter.from_config(config) as engine:
         yield engine
 
 

@@ -1,7 +1,7 @@
 """Every shipped policy served through Triton by editing only `routing_policy/config.pbtxt` (and,
 for the learned routers, putting their weights in `routing_policy/1/`), then restarting the server.
 
-Oracle: the served tokens and per-token models equal the embedded TokenRoutingEngine's on the
+Oracle: the served tokens and per-token models equal the embedded TokenRouter's on the
 configuration the edited repository describes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from google.protobuf import text_format
 from transformers import AutoConfig
 
-from tokenrouter import TokenRoutingEngine
+from tokenrouter import TokenRouter
 from tokenrouter.engine.factory import create_engine
 from tokenrouter.policies import registered_policies
 from tokenrouter.policies.networks import build_network, save_router
@@ -101,7 +101,7 @@ def test_policy_served_by_editing_the_routing_policy_model(policy, repository, e
         status, text = http_post(server.http_url, "/v2/models/routing_policy/infer", {"inputs": []})
         assert status == 200, text
         assert json.loads(json.loads(text)["outputs"][0]["data"][0])["policy"] == policy
-        with TokenRoutingEngine(config, engines=engines) as embedded:
+        with TokenRouter(config, engines=engines) as embedded:
             expected = embedded.generate(PROMPTS[:3], max_tokens=16, seed=9)
         served = [stream_ids(server, prompt, max_tokens=16, random_seed=9) for prompt in PROMPTS[:3]]
     finally:

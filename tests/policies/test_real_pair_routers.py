@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tokenrouter.config import load_config
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.serving.repository import read_repository, render_repository
 
@@ -46,7 +46,7 @@ def test_router_loads_through_the_model_repository(algo, tmp_path):
 
 def test_r2r_routes_a_real_generation():
     config = real_config("r2r")
-    with TokenRoutingEngine.from_config(config) as engine:
+    with TokenRouter.from_config(config) as engine:
         [result] = engine.generate(["Write a Python function that returns the n-th Fibonacci number."],
                                    max_tokens=24, timeout=600)
     assert result.finish_reason in ("length", "eos", "stop") and len(result.token_ids) > 0

@@ -261,7 +261,7 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
             f"scheduling.strategy: '{config.scheduling.strategy}' coordinates the models through memory they share; "
             f"Triton runs each model in its own process, so it cannot serve it. Use "
             f"{' or '.join(repr(s) for s in MULTI_PROCESS)}, or run '{config.scheduling.strategy}' in the embedded "
-            f"API (TokenRoutingEngine), e.g. for a comparison")
+            f"API (TokenRouter), e.g. for a comparison")
     if config.tokenizer_path is None:
         raise ConfigError("the repository needs a tokenizer: set `tokenizer` or a `path` on the entry model")
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MARKER).is_file():
