@@ -4,8 +4,8 @@ runs this class (the launcher links this file as ``python_router/model.py``; the
 
 Each model instance is a stub process. Parameter ``role`` picks what it is: a ``subserver`` (one
 model's engine, scheduler, pending table and policy) or ``routing_policy`` (carries the policy, its
-weights and the scheduling settings). All the work happens in the ``tokenrouter`` runtime library; this class only connects it
-to Triton. It lives in the package so that an installed tokenrouter carries its own backend.
+weights and the scheduling settings). All the work happens in the ``tokenrouter`` runtime library;
+this class only connects it to Triton. It lives in the package so that an installed tokenrouter carries its own backend.
 """
 
 import locale

@@ -240,8 +240,8 @@ def _routing_policy_config(config: TokenRouterConfig, weights: str) -> mc.ModelC
         "max_model_len": config.max_model_len,
         "fronts": config.frontend.names,
     }
-    return model_config(ROUTING_POLICY, backend=ROUTER_BACKEND, max_batch_size=0, outputs=ROUTING_POLICY_OUTPUTS.values(),
-                        parameters=parameters)
+    return model_config(ROUTING_POLICY, backend=ROUTER_BACKEND, max_batch_size=0,
+                        outputs=ROUTING_POLICY_OUTPUTS.values(), parameters=parameters)
 
 
 def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], out_dir: Path, *,
