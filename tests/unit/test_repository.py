@@ -135,6 +135,18 @@ def test_rendering_a_repository_from_before_the_rename_keeps_its_trained_routers
     assert read_repository(repo).policy.weights == str(repo / "routing_policy" / "1" / "router.pt")
 
 
+def test_trained_routers_left_in_router_1_by_a_checkout_are_carried_over(tmp_path: Path) -> None:
+    """What a checkout holds after pulling the rename: git removed router/config.pbtxt and added
+    routing_policy/, but the ignored trained routers stay in router/1/."""
+    raw = rich_config(tmp_path)
+    repo = render_repository(raw, tmp_path / "repo")
+    (repo / "router" / "1" / "co_llm").mkdir(parents=True)
+    (repo / "router" / "1" / "co_llm" / "metadata.json").write_text("{}")
+    render_repository(raw, tmp_path / "repo")
+    assert not (repo / "router").exists()
+    assert (repo / "routing_policy" / "1" / "co_llm" / "metadata.json").read_text() == "{}"
+
+
 def test_refuses_to_replace_a_folder_it_did_not_render(tmp_path: Path) -> None:
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")

@@ -280,8 +280,10 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
         files = {weights.name: weights} if weights else {}
         write_model(staging, _routing_policy_config(config, weights.name if weights else ""), files)
         _keep_trained_routers(out_dir / ROUTING_POLICY / "1", staging / ROUTING_POLICY / "1")
-        if _is_legacy_routing_policy(out_dir):  # rendered before the rename: its trained routers are in router/1/
-            _keep_trained_routers(out_dir / LEGACY_ROUTING_POLICY / "1", staging / ROUTING_POLICY / "1")
+        # Rendered before the rename (or a checkout where git removed router/config.pbtxt but not the
+        # ignored trained routers beside it): they move into routing_policy/1/. Only folders move, and
+        # no other model keeps folders in its 1/, so a model now named router loses nothing.
+        _keep_trained_routers(out_dir / LEGACY_ROUTING_POLICY / "1", staging / ROUTING_POLICY / "1")
         (staging / MARKER).write_text("Rendered by `tokenrouter build-repository`; rendering again replaces this folder.\n")
         _replace(staging, out_dir)
     finally:
@@ -292,7 +294,8 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
 def _keep_trained_routers(old: Path, new: Path) -> None:
     """Carry the router folders of an earlier rendering (what `train-router` writes into routing_policy/1/,
     minutes of training each) into the new one, unless the config's weights take that name.
-    Hard links: no copy of R2R's ~280 MB, and the earlier rendering stays whole until replaced."""
+    Hard links: no copy of R2R's ~280 MB, and the earlier rendering stays whole until replaced.
+    An earlier copy of the same name wins over a later one (routing_policy/1/ over router/1/)."""
     if not old.is_dir():
         return
     for folder in old.iterdir():
