@@ -117,14 +117,14 @@ def routed_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_routing(args: argparse.Namespace) -> dict[str, Any]:
-    from tokenrouter.runtime.api import TokenRoutingEngine
+    from tokenrouter.runtime.api import TokenRouter
 
     prompts, stop_ids = routing_prompts(args.config, args.requests)
     config = load_config(routed_config(args))
     large = list(config.models)[1]
     runs: dict[str, list[dict[str, float]]] = {"tokenrouter": [], "large_alone": []}
     # Both cannot be resident at once (about 6 + 11 + 11 GB): one phase after the other.
-    with TokenRoutingEngine(config) as router:
+    with TokenRouter(config) as router:
         router.generate(prompts[:2], max_tokens=4, timeout=600)  # warm both engines
         for rep in range(args.reps):
             start = time.perf_counter()

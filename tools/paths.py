@@ -48,5 +48,5 @@ def model_repository_dir() -> Path:
 
 
 def routers_dir() -> Path:
-    """Where trained routers go and are read from: the router model's version folder."""
-    return model_repository_dir() / "router" / "1"
+    """Where trained routers go and are read from: the routing_policy model's version folder."""
+    return model_repository_dir() / "routing_policy" / "1"

@@ -48,7 +48,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="routers to train (default: all; one feature collection serves them all)")
     parser.add_argument("--small", type=Path, default=DEFAULT_SMALL, help="small model HF directory (the entry)")
     parser.add_argument("--large", type=Path, default=DEFAULT_LARGE, help="large model HF directory")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="each router goes to OUT/<algo>/")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="each router goes to OUT/<algo>/ (default: model_repository/routing_policy/1/, the "
+                             "routing_policy model's version folder)")
     data = parser.add_argument_group("data")
     data.add_argument("--corpus", type=Path, default=None, help="directory of .py files (default: the stdlib)")
     data.add_argument("--max-files", type=int, default=400, help="files, evenly spaced over the sorted list")

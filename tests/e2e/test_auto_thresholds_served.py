@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 
-from tokenrouter import TokenRoutingEngine
+from tokenrouter import TokenRouter
 from tokenrouter.serving.repository import render_repository
 
 from .test_routing_server import PROMPTS, routing_config, stream_ids
@@ -23,7 +23,7 @@ def test_auto_thresholds_load_and_serve_the_embedded_output(start_server, tiny_p
             served = list(pool.map(lambda p: stream_ids(server, p, max_tokens=16, random_seed=4), PROMPTS))
     finally:
         server.stop()
-    with TokenRoutingEngine.from_config(config) as embedded:
+    with TokenRouter.from_config(config) as embedded:
         expected = embedded.generate(PROMPTS, max_tokens=16, seed=4)
     for (ids, models, reason), want in zip(served, expected):
         assert (ids, models, reason) == (want.token_ids, want.models, want.finish_reason)

@@ -13,7 +13,7 @@ import concurrent.futures
 
 import pytest
 
-from tokenrouter import TokenRoutingEngine
+from tokenrouter import TokenRouter
 from tokenrouter.config import load_config
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec
@@ -36,7 +36,7 @@ def config():
 def test_coalesced_streams_deliver_every_token_in_order_with_its_model(config, start_server, tmp_path_factory):
     server = start_server(render_repository(config, tmp_path_factory.mktemp("coalesce-repo")))
     prompts = [f"def f{i}(x):\n    return x * {i}" for i in range(STREAMS)]
-    with TokenRoutingEngine(config, codec=TextCodec.from_path(config.tokenizer_path)) as embedded:
+    with TokenRouter(config, codec=TextCodec.from_path(config.tokenizer_path)) as embedded:
         expected = embedded.generate(prompts, max_tokens=MAX_TOKENS, seed=7)
     with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
         served = list(pool.map(lambda p: grpc_stream(server.grpc_url, inputs(

@@ -1,7 +1,7 @@
 """The real thing end to end: a Triton server on loopback serving the tiny pair through the
 fronts and the python_router subservers (BLS handoffs between two stub processes).
 
-Served output must equal the embedded TokenRoutingEngine's for the same prompt, policy, seed and
+Served output must equal the embedded TokenRouter's for the same prompt, policy, seed and
 sampling inputs, under every front name and in a batch; bad input fails only its own request; the
 metrics port shows the routing. Cancellation: test_cancellation.py.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from tokenrouter import TokenRoutingEngine
+from tokenrouter import TokenRouter
 from tokenrouter.client import (DEFAULT_MODEL, batch, grpc_infer, grpc_stream, http_generate, http_generate_stream,
                                 http_post, inputs)
 from tokenrouter.serving.repository import render_repository
@@ -60,7 +60,7 @@ def server(start_server, config, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def embedded(config):
-    with TokenRoutingEngine.from_config(config) as engine:
+    with TokenRouter.from_config(config) as engine:
         yield engine
 
 
@@ -254,8 +254,8 @@ def test_bad_words_like_tensorrt_llm_clients_send_them(server, embedded):
     assert reply["output_ids"] == expected.token_ids != plain["output_ids"]
 
 
-def test_router_model_answers_with_the_policy_it_carries(server, config):
-    status, text = http_post(server.http_url, "/v2/models/router/infer", {"inputs": []})
+def test_routing_policy_model_answers_with_the_policy_it_carries(server, config):
+    status, text = http_post(server.http_url, "/v2/models/routing_policy/infer", {"inputs": []})
     assert status == 200, text
     described = json.loads(json.loads(text)["outputs"][0]["data"][0])
     assert described["policy"] == config["policy"]["name"] and described["params"] == config["policy"]["params"]

@@ -1,7 +1,7 @@
-"""Every shipped policy served through Triton by editing only `router/config.pbtxt` (and, for the
-learned routers, putting their weights in `router/1/`), then restarting the server.
+"""Every shipped policy served through Triton by editing only `routing_policy/config.pbtxt` (and,
+for the learned routers, putting their weights in `routing_policy/1/`), then restarting the server.
 
-Oracle: the served tokens and per-token models equal the embedded TokenRoutingEngine's on the
+Oracle: the served tokens and per-token models equal the embedded TokenRouter's on the
 configuration the edited repository describes."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import torch
 from google.protobuf import text_format
 from transformers import AutoConfig
 
-from tokenrouter import TokenRoutingEngine
+from tokenrouter import TokenRouter
 from tokenrouter.engine.factory import create_engine
 from tokenrouter.policies import registered_policies
 from tokenrouter.policies.networks import build_network, save_router
-from tokenrouter.serving.repository import HEADER, ROUTER, read_model_config, read_repository, render_repository
+from tokenrouter.serving.repository import HEADER, ROUTING_POLICY, read_model_config, read_repository, render_repository
 
 from tokenrouter.client import http_post
 from .test_routing_server import PROMPTS, routing_config, stream_ids
@@ -52,7 +52,7 @@ def test_every_shipped_policy_is_listed_here() -> None:
 
 @pytest.fixture(scope="module")
 def repository(tiny_pair, tmp_path_factory) -> Path:
-    """One rendered repository; each test edits its router model."""
+    """One rendered repository; each test edits its routing_policy model."""
     return render_repository(routing_config(tiny_pair), tmp_path_factory.mktemp("policies-repo") / "repo")
 
 
@@ -80,28 +80,28 @@ def write_router(directory: Path, algorithm: str, small_model: Path) -> str:
     return algorithm
 
 
-def edit_router(repository: Path, policy: str, params: dict, weights: str) -> None:
-    """Set policy, policy_params and policy_weights in router/config.pbtxt and nothing else."""
-    config = read_model_config(repository / ROUTER)
+def edit_routing_policy(repository: Path, policy: str, params: dict, weights: str) -> None:
+    """Set policy, policy_params and policy_weights in routing_policy/config.pbtxt and nothing else."""
+    config = read_model_config(repository / ROUTING_POLICY)
     config.parameters["policy"].string_value = policy
     config.parameters["policy_params"].string_value = json.dumps(params)
     config.parameters["policy_weights"].string_value = weights
-    (repository / ROUTER / "config.pbtxt").write_text(HEADER + text_format.MessageToString(config))
+    (repository / ROUTING_POLICY / "config.pbtxt").write_text(HEADER + text_format.MessageToString(config))
 
 
 @pytest.mark.parametrize("policy", list(SETTINGS))
-def test_policy_served_by_editing_the_router_model(policy, repository, engines, start_server, tiny_pair):
-    weights = write_router(repository / ROUTER / "1", policy, tiny_pair["small"]) if policy in LEARNED else ""
-    edit_router(repository, policy, SETTINGS[policy], weights)
+def test_policy_served_by_editing_the_routing_policy_model(policy, repository, engines, start_server, tiny_pair):
+    weights = write_router(repository / ROUTING_POLICY / "1", policy, tiny_pair["small"]) if policy in LEARNED else ""
+    edit_routing_policy(repository, policy, SETTINGS[policy], weights)
     config = read_repository(repository)
     assert (config.policy.name, config.policy.params) == (policy, SETTINGS[policy])
 
     server = start_server(repository)
     try:
-        status, text = http_post(server.http_url, "/v2/models/router/infer", {"inputs": []})
+        status, text = http_post(server.http_url, "/v2/models/routing_policy/infer", {"inputs": []})
         assert status == 200, text
         assert json.loads(json.loads(text)["outputs"][0]["data"][0])["policy"] == policy
-        with TokenRoutingEngine(config, engines=engines) as embedded:
+        with TokenRouter(config, engines=engines) as embedded:
             expected = embedded.generate(PROMPTS[:3], max_tokens=16, seed=9)
         served = [stream_ids(server, prompt, max_tokens=16, random_seed=9) for prompt in PROMPTS[:3]]
     finally:

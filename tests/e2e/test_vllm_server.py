@@ -9,7 +9,7 @@ import concurrent.futures
 
 import pytest
 
-from tokenrouter import TokenRoutingEngine
+from tokenrouter import TokenRouter
 from tokenrouter.config import load_config
 from tokenrouter.serving.repository import render_repository
 
@@ -34,7 +34,7 @@ def server(start_server, config, tmp_path_factory):
 @pytest.fixture(scope="module")
 def embedded(config, vllm_tiny_engines):
     engines = {"slm": vllm_tiny_engines["small"], "llm": vllm_tiny_engines["large"]}
-    with TokenRoutingEngine(load_config(config), engines=engines) as engine:
+    with TokenRouter(load_config(config), engines=engines) as engine:
         yield engine
 
 

@@ -222,7 +222,7 @@ def test_two_models_on_two_threads_overlap() -> None:
 def test_routed_runtime_output_equals_the_naive_reference_on_simulated_models() -> None:
     # The use the engine exists for: the runtime at speed, with B = auto, checked token for token
     # against one-request-at-a-time full recomputation through ``reference``.
-    from tokenrouter.runtime.api import TokenRoutingEngine
+    from tokenrouter.runtime.api import TokenRouter
     from tokenrouter.protocol import RequestSpec
     from tokenrouter.runtime.assembly import build_policy
     from tokenrouter.runtime.reference import reference_generate
@@ -232,7 +232,7 @@ def test_routed_runtime_output_equals_the_naive_reference_on_simulated_models() 
               "policy": {"name": "r_stitch", "params": {"threshold": 0.03}},
               "scheduling": {"max_active": 4}}
     prompts = [[(7 * i + 3 * j) % 500 for j in range(1 + 3 * i)] for i in range(8)]
-    with TokenRoutingEngine.from_config(config) as runtime:
+    with TokenRouter.from_config(config) as runtime:
         results = runtime.generate(prompts, max_tokens=32, timeout=120)
         forwards = {name: runtime.engines[name].reference for name in ("slm", "llm")}
         end_ids = sorted(runtime.engines["slm"].eos_token_ids)

@@ -2,7 +2,7 @@
 model repository (as the Triton backend reads it) and route a real generation.
 
 Slow: needs the real pair (`tokenrouter models pull`) and the trained routers in
-model_repository/router/1/<algo>/ (`tokenrouter train-router`)."""
+model_repository/routing_policy/1/<algo>/ (`tokenrouter train-router`)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from tokenrouter.config import load_config
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.serving.repository import read_repository, render_repository
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "qwen2.5-coder.yaml"
-ROUTERS = REPO / "model_repository" / "router" / "1"
+ROUTERS = REPO / "model_repository" / "routing_policy" / "1"
 
 pytestmark = pytest.mark.slow
 
@@ -40,13 +40,13 @@ def test_router_loads_through_the_model_repository(algo, tmp_path):
     config = real_config(algo)
     served = read_repository(render_repository(config, tmp_path / "repo"))
     policy = build_policy(served)
-    assert Path(served.policy.weights) == (tmp_path / "repo" / "router" / "1" / algo).resolve()
+    assert Path(served.policy.weights) == (tmp_path / "repo" / "routing_policy" / "1" / algo).resolve()
     assert policy.name == algo and policy.router.hidden_size == 896
 
 
 def test_r2r_routes_a_real_generation():
     config = real_config("r2r")
-    with TokenRoutingEngine.from_config(config) as engine:
+    with TokenRouter.from_config(config) as engine:
         [result] = engine.generate(["Write a Python function that returns the n-th Fibonacci number."],
                                    max_tokens=24, timeout=600)
     assert result.finish_reason in ("length", "eos", "stop") and len(result.token_ids) > 0

@@ -42,7 +42,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.parametrize("model", ["llm", *(pytest.param(m, marks=pytest.mark.slow)  # the short suite kills one
                                              for m in ("slm", "tokenrouter", "postprocessing", "preprocessing",
-                                                       "router"))])
+                                                       "routing_policy"))])
 def test_a_killed_stub_fails_its_requests_and_the_server_serves_again(served, model):
     launcher, ports, log = served
     url = f"127.0.0.1:{ports.grpc}"
@@ -62,8 +62,8 @@ def test_a_killed_stub_fails_its_requests_and_the_server_serves_again(served, mo
     assert any("restarting tritonserver" in line for line in log[restarts_before:]), "".join(log[-40:])
     assert max(ended) < 10.0, f"requests ended {max(ended):.1f} s after the kill"
     deadline = time.monotonic() + RECOVERY_S
-    # The old server may still answer between the kill and its restart (a dead router stub does not
-    # stop requests), so serving counts only once the supervisor has the new one ready.
+    # The old server may still answer between the kill and its restart (a dead routing_policy stub does
+    # not stop requests), so serving counts only once the supervisor has the new one ready.
     while not any("ready again" in line for line in log[restarts_before:]):
         assert time.monotonic() < deadline, "the server did not restart:\n" + "".join(log[-40:])
         time.sleep(0.2)

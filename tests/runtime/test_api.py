@@ -9,7 +9,7 @@ from typing import Sequence
 
 import pytest
 
-from tokenrouter import ServerBusy, TokenRoutingEngine
+from tokenrouter import ServerBusy, TokenRouter
 from tokenrouter.policies.base import RequestView, RoutingPolicy, StepOutput, register_policy, registered_policies
 from tokenrouter.runtime.api import GenerationError
 from tokenrouter.protocol import RequestSpec
@@ -20,7 +20,7 @@ from tokenrouter.runtime.request import RequestError
 
 @pytest.fixture(scope="module")
 def engine(tiny_config):
-    with TokenRoutingEngine.from_config(tiny_config("random", {"rate": 0.3, "seed": 2})) as engine:
+    with TokenRouter.from_config(tiny_config("random", {"rate": 0.3, "seed": 2})) as engine:
         yield engine
 
 
@@ -115,7 +115,7 @@ def test_bad_input_is_refused_and_others_go_on(engine, kwargs, match):
 
 
 def test_shutdown_ends_requests_in_flight(tiny_config):
-    engine = TokenRoutingEngine.from_config(tiny_config("slm_only"))
+    engine = TokenRouter.from_config(tiny_config("slm_only"))
     handles = [engine.submit([3, 4, 5], max_tokens=2000) for _ in range(4)]
     engine.shutdown()
     assert all(h.wait(10).finish_reason in ("error", "length", "eos") for h in handles)
@@ -129,7 +129,7 @@ def test_a_full_queue_refuses_submit_and_generate_feeds_a_larger_batch_in(tiny_c
     instead. Catches an unbounded queue, and a generate() that fails a big batch."""
     config = tiny_config("slm_only", max_active=1)
     config["scheduling"]["max_queue"] = 2
-    with TokenRoutingEngine.from_config(config) as engine:
+    with TokenRouter.from_config(config) as engine:
         handles = []
         with pytest.raises(ServerBusy, match=r"requests queued \(max_queue 2\)"):
             for _ in range(8):  # a burst: two wait (one may be admitted meanwhile), the next is refused
@@ -157,7 +157,7 @@ def test_three_models_match_the_reference(tiny_pair, tiny_config, mixed_prompts,
     config = tiny_config("test_round_robin")
     config["models"]["mid"] = dict(config["models"]["llm"], path=str(tiny_pair["small"]))
     prompts = mixed_prompts(6, seed=9)
-    with TokenRoutingEngine.from_config(config) as engine:
+    with TokenRouter.from_config(config) as engine:
         results = engine.generate(prompts, max_tokens=10)
         forwards = {**references, "mid": references["slm"]}  # "mid" runs the small model's weights
         for prompt, result in zip(prompts, results):
@@ -200,7 +200,7 @@ if "test_nowhere" not in registered_policies():
 
 
 def test_stream_raises_generation_error(tiny_config):
-    with TokenRoutingEngine.from_config(tiny_config("test_nowhere")) as engine:
+    with TokenRouter.from_config(tiny_config("test_nowhere")) as engine:
         async def run():
             async for _ in engine.stream([1, 2, 3], max_tokens=3):
                 pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenrouter import TokenRoutingEngine
+from tokenrouter import TokenRouter
 from tokenrouter.engine.base import StepResult
 from tokenrouter.engine.sampling import sample_tokens
 from tokenrouter.runtime.request import RequestState
@@ -42,7 +42,7 @@ def test_resampling_keeps_allowed_tokens_and_replaces_banned_ones():
 
 def test_served_output_avoids_bad_words_and_matches_reference(tiny_config, mixed_prompts, references):
     prompts = mixed_prompts(8, seed=21)
-    with TokenRoutingEngine.from_config(tiny_config("random", {"rate": 0.3, "seed": 1})) as engine:
+    with TokenRouter.from_config(tiny_config("random", {"rate": 0.3, "seed": 1})) as engine:
         free = engine.generate(prompts, max_tokens=16)
         common = max({t for r in free for t in r.token_ids}, key=lambda t: sum(r.token_ids.count(t) for r in free))
         word = engine.codec.decode([common])

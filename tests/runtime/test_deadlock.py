@@ -11,7 +11,7 @@ import pytest
 
 from tokenrouter.config import ConfigError, load_config
 from tokenrouter.engine.factory import create_engine
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 
 MAX_N = 8
 
@@ -35,7 +35,7 @@ def test_every_allowed_threshold_finishes(n, tiny_config, mixed_prompts, shared_
         # Thresholds apply at exactly N = n; below that they are 1 so the config is valid for all N' <= n.
         config = tiny_config("random", {"rate": 0.5, "seed": n}, slm_b=[1] * (n - 1) + [b0],
                              llm_b=[1] * (n - 1) + [b1], max_active=n, max_wait_ms=600_000)
-        with TokenRoutingEngine(load_config(config), engines=shared_engines) as engine:
+        with TokenRouter(load_config(config), engines=shared_engines) as engine:
             handles = [engine.submit(p, max_tokens=6, seed=i) for i, p in enumerate(mixed_prompts(n, seed=n))]
             for handle in handles:
                 result = handle.wait(timeout=30)  # raises TimeoutError on a deadlock

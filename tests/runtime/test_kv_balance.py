@@ -11,7 +11,7 @@ import pytest
 
 from tokenrouter.policies.base import RequestView, StepOutput, register_policy, registered_policies
 from tokenrouter.policies.simple import RandomRouting
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 
 
 class FaultyRouting(RandomRouting):
@@ -38,7 +38,7 @@ if "test_faulty" not in registered_policies():
     register_policy(FaultyRouting)
 
 
-def _wait_until_idle(engine: TokenRoutingEngine, timeout: float = 10.0) -> None:
+def _wait_until_idle(engine: TokenRouter, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not any(engine.kv_blocks_used().values()) and not any(engine.held_requests().values()):
@@ -50,7 +50,7 @@ def _wait_until_idle(engine: TokenRoutingEngine, timeout: float = 10.0) -> None:
 def test_pools_return_to_zero_after_finish_cancel_and_error(run, tiny_config, mixed_prompts):
     config = tiny_config("test_faulty", {"rate": 0.4, "seed": run}, llm_b=[1, 2])
     rng = random.Random(run)
-    with TokenRoutingEngine.from_config(config) as engine:
+    with TokenRouter.from_config(config) as engine:
         prompts = mixed_prompts(24, seed=run)
         handles = [engine.submit(p, max_tokens=rng.randrange(4, 40), seed=i) for i, p in enumerate(prompts)]
         for handle in rng.sample(handles, 8):  # cancel some at random moments, some before admission

@@ -106,9 +106,9 @@ def test_a_loop_that_dies_is_observable_and_fails_its_requests(monkeypatch):
 
 
 def test_the_embedded_engine_reports_whether_its_loops_run(tiny_config):
-    from tokenrouter.runtime.api import TokenRoutingEngine
+    from tokenrouter.runtime.api import TokenRouter
 
-    engine = TokenRoutingEngine.from_config(tiny_config("slm_only"))
+    engine = TokenRouter.from_config(tiny_config("slm_only"))
     assert engine.alive
     engine.shutdown()
     assert not engine.alive

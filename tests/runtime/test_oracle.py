@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
@@ -41,7 +41,7 @@ def _policy_name(key: str) -> str:
     return "random" if key.startswith("random") else key
 
 
-def _expected(key: str, engine: TokenRoutingEngine, references, prompts) -> list:
+def _expected(key: str, engine: TokenRouter, references, prompts) -> list:
     if key not in _reference_cache:
         end_ids = sorted(engine.engines["slm"].eos_token_ids)
         _reference_cache[key] = [
@@ -58,7 +58,7 @@ def _expected(key: str, engine: TokenRoutingEngine, references, prompts) -> list
 def test_routed_output_equals_naive_reference(key, strategy, slm_b, llm_b, tiny_config, mixed_prompts, references):
     prompts = mixed_prompts(16)
     config = tiny_config(_policy_name(key), POLICIES[key], strategy=strategy, slm_b=slm_b, llm_b=llm_b)
-    with TokenRoutingEngine.from_config(config, step_log=100_000) as engine:
+    with TokenRouter.from_config(config, step_log=100_000) as engine:
         results = engine.generate(prompts, max_tokens=MAX_TOKENS, timeout=120)
         expected = _expected(key, engine, references, prompts)
         for prompt, result, (tokens, origins, reason) in zip(prompts, results, expected):
@@ -73,7 +73,7 @@ def test_routed_output_equals_naive_reference(key, strategy, slm_b, llm_b, tiny_
             assert any(result.large_model_share > 0 for result in results), "the policy never routed"
 
 
-def _assert_no_token_fed_twice(engine: TokenRoutingEngine, prompts, results) -> None:
+def _assert_no_token_fed_twice(engine: TokenRouter, prompts, results) -> None:
     """Each model is fed each context position at most once: pending requests resume by an extend
     of the peer's suffix, never by recomputing the prefix. Request ids follow submission order."""
     context_len = {f"req-{i}": len(prompt) + len(result.token_ids)

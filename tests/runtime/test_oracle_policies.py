@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tokenrouter.policies.networks import build_network, save_router
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
@@ -50,7 +50,7 @@ def test_routed_output_equals_naive_reference(name, tiny_config, mixed_prompts, 
     if architecture is not None:
         config["policy"]["weights"] = str(write_router(tmp_path / name, name, architecture))
     prompts = mixed_prompts(12, seed=5)
-    with TokenRoutingEngine.from_config(config) as engine:
+    with TokenRouter.from_config(config) as engine:
         results = engine.generate(prompts, max_tokens=MAX_TOKENS, timeout=120)
         end_ids = sorted(engine.engines["slm"].eos_token_ids)
         for prompt, result in zip(prompts, results):

@@ -18,7 +18,7 @@ from test_oracle import POLICIES, _policy_name
 from test_oracle_policies import CASES, write_router
 
 from tokenrouter.protocol import RequestSpec
-from tokenrouter.runtime.api import RequestHandle, TokenRoutingEngine
+from tokenrouter.runtime.api import RequestHandle, TokenRouter
 from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
 
@@ -46,7 +46,7 @@ def test_sampled_processed_output_equals_naive_reference(key, tiny_config, mixed
     prompts = mixed_prompts(10, seed=9)
     specs = [RequestSpec(prompt_len=len(prompt), max_tokens=MAX_TOKENS, seed=seed, end_ids=END_IDS,
                          return_log_probs=True, **SAMPLING) for prompt, seed in zip(prompts, range(100, 200))]
-    with TokenRoutingEngine.from_config(config) as engine:
+    with TokenRouter.from_config(config) as engine:
         # Through the entry, as the api does, but with END_IDS (the api takes the model's eos ids).
         handles = [RequestHandle(f"oracle-{i}", engine) for i in range(len(prompts))]
         for handle, prompt, spec in zip(handles, prompts, specs):

@@ -11,7 +11,7 @@ from test_oracle_policies import CASES, write_router
 
 from tokenrouter.config import load_config
 from tokenrouter.protocol import RequestSpec
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
 
@@ -23,7 +23,7 @@ BASIC = {"slm_only": {}, "llm_only": {}, "random": {"rate": 0.3, "seed": 7}, "r_
 def run_and_compare(config: dict, engines: dict, references, prompts: list[list[int]]) -> list:
     for spec in config["models"].values():
         spec.update(engine="vllm", block_size=32)
-    with TokenRoutingEngine(load_config(config), engines={"slm": engines["small"], "llm": engines["large"]}) as engine:
+    with TokenRouter(load_config(config), engines={"slm": engines["small"], "llm": engines["large"]}) as engine:
         results = engine.generate(prompts, max_tokens=MAX_TOKENS, timeout=300)
         end_ids = sorted(engine.engines["slm"].eos_token_ids)
         for prompt, result in zip(prompts, results):

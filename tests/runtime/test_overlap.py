@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 
 
-def _small_steps_inside_large_steps(engine: TokenRoutingEngine) -> int:
+def _small_steps_inside_large_steps(engine: TokenRouter) -> int:
     large = [(r.start, r.end) for r in engine.subservers["llm"].step_log]
     return sum(1 for r in engine.subservers["slm"].step_log
                if any(start < r.start and r.end < end for start, end in large))
@@ -21,7 +21,7 @@ def test_small_model_keeps_stepping_while_large_computes(strategy, tiny_config, 
     # A ~10x gap in step cost: the large model prefills long contexts one request at a time.
     config["models"]["llm"]["max_batch_size"] = 1
     config["models"]["slm"]["threads"] = config["models"]["llm"]["threads"] = 1
-    with TokenRoutingEngine.from_config(config, step_log=100_000) as engine:
+    with TokenRouter.from_config(config, step_log=100_000) as engine:
         prompts = [p * 12 for p in mixed_prompts(8, seed=5)]  # long prompts make large steps slow
         results = engine.generate(prompts, max_tokens=24, timeout=120)
         assert any(r.large_model_share > 0 for r in results)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.runtime.observers import StepObserver
 
 LLM_B = [1, 2, 3, 3]  # B of the large model at N = 1, 2, 3, 4 (sum(B_i - 1) < N holds)
@@ -34,7 +34,7 @@ def test_every_large_model_step_has_at_least_its_threshold_of_rows():
     """Rule: with a max_wait far beyond the run, every step of the large model has at least
     min(B(N), N) rows. Catches delayed batching switched off (the old suite passed without it)."""
     observer = RowsAndActive()
-    with TokenRoutingEngine.from_config(_config(LLM_B)) as engine:
+    with TokenRouter.from_config(_config(LLM_B)) as engine:
         engine.subservers["llm"].observers.append(observer)
         prompts = [[3 + i, 7, 9, 11][: 1 + i % 4] for i in range(12)]
         results = engine.generate(prompts, max_tokens=40, timeout=60)
@@ -49,7 +49,7 @@ def test_without_delay_the_same_load_runs_short_steps():
     """The control for the test above: with B = 1 the large model does run single-row steps
     while more requests are active, so the assertion above can fail."""
     observer = RowsAndActive()
-    with TokenRoutingEngine.from_config(_config(1)) as engine:
+    with TokenRouter.from_config(_config(1)) as engine:
         engine.subservers["llm"].observers.append(observer)
         engine.generate([[3 + i, 7, 9, 11][: 1 + i % 4] for i in range(12)], max_tokens=40, timeout=60)
     assert any(rows == 1 and n >= 3 for rows, n in observer.steps)
@@ -58,7 +58,7 @@ def test_without_delay_the_same_load_runs_short_steps():
 def test_cancelling_running_requests_ends_them_early_and_frees_their_kv():
     """Rule: cancel ends a running request at once, wherever it is. Catches a cancel of a running
     request that is a no-op (the request would run to max_tokens and end 'length')."""
-    with TokenRoutingEngine.from_config(_config(1, max_wait_ms=5, base_ms=5.0)) as engine:
+    with TokenRouter.from_config(_config(1, max_wait_ms=5, base_ms=5.0)) as engine:
         handles = [engine.submit([3 + i, 7, 9], max_tokens=400) for i in range(4)]
         deadline = time.monotonic() + 30
         while not all(h.token_ids for h in handles) and time.monotonic() < deadline:

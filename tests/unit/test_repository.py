@@ -42,12 +42,12 @@ def test_render_then_read_gives_the_same_config(tmp_path: Path) -> None:
     config = load_config(rich_config(tmp_path))
     repo = render_repository(config, tmp_path / "repo")
     back = read_repository(repo)
-    copied = repo / "router" / "1" / "router.pt"
+    copied = repo / "routing_policy" / "1" / "router.pt"
     assert back.policy.weights == str(copied) and copied.read_bytes() == b"weights"
     assert back == config.model_copy(update={"policy": config.policy.model_copy(update={"weights": str(copied)})})
     # the copy is the repository's own: rendering what was read changes nothing
     assert read_repository(render_repository(back, tmp_path / "repo2")) == back.model_copy(
-        update={"policy": back.policy.model_copy(update={"weights": str(tmp_path / "repo2/router/1/router.pt")})})
+        update={"policy": back.policy.model_copy(update={"weights": str(tmp_path / "repo2/routing_policy/1/router.pt")})})
 
 
 def test_explicit_tokenizer_and_defaults_round_trip(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_absolute_paths_on_request(tmp_path: Path) -> None:
 
 def test_edited_parameter_takes_effect(tmp_path: Path) -> None:
     repo = render_repository(rich_config(tmp_path), tmp_path / "repo")
-    pbtxt = repo / "router" / "config.pbtxt"
+    pbtxt = repo / "routing_policy" / "config.pbtxt"
     pbtxt.write_text(pbtxt.read_text().replace('string_value: "7.5"', 'string_value: "12"'))
     sub = repo / "large" / "config.pbtxt"
     sub.write_text(sub.read_text().replace('string_value: "auto"', 'string_value: "[1, 3]"'))
@@ -107,13 +107,44 @@ def test_rendering_again_replaces_the_repository(tmp_path: Path) -> None:
 def test_rendering_again_keeps_trained_routers(tmp_path: Path) -> None:
     raw = rich_config(tmp_path)
     repo = render_repository(raw, tmp_path / "repo")
-    trained = repo / "router" / "1" / "r2r"  # where `tokenrouter train-router` writes
+    trained = repo / "routing_policy" / "1" / "r2r"  # where `tokenrouter train-router` writes
     trained.mkdir()
     (trained / "metadata.json").write_text("{}")
-    (repo / "router" / "1" / "router.pt").write_bytes(b"stale")  # the config's weights file wins
+    (repo / "routing_policy" / "1" / "router.pt").write_bytes(b"stale")  # the config's weights file wins
     render_repository(raw, tmp_path / "repo")
-    assert (repo / "router" / "1" / "r2r" / "metadata.json").read_text() == "{}"
-    assert (repo / "router" / "1" / "router.pt").read_bytes() == b"weights"
+    assert (repo / "routing_policy" / "1" / "r2r" / "metadata.json").read_text() == "{}"
+    assert (repo / "routing_policy" / "1" / "router.pt").read_bytes() == b"weights"
+
+
+def test_rendering_a_repository_from_before_the_rename_keeps_its_trained_routers(tmp_path: Path) -> None:
+    """The routing_policy model was called `router`: its trained routers move to routing_policy/1/,
+    and reading such a repository says to render it again."""
+    raw = rich_config(tmp_path)
+    repo = render_repository(raw, tmp_path / "repo")
+    old = repo / "router"
+    (repo / "routing_policy").rename(old)
+    pbtxt = old / "config.pbtxt"
+    pbtxt.write_text(pbtxt.read_text().replace('string_value: "routing_policy"', 'string_value: "router"'))
+    (old / "1" / "r2r").mkdir()
+    (old / "1" / "r2r" / "metadata.json").write_text("{}")
+    with pytest.raises(ConfigError, match="render it again"):
+        read_repository(repo)
+    render_repository(raw, tmp_path / "repo")
+    assert not old.exists()
+    assert (repo / "routing_policy" / "1" / "r2r" / "metadata.json").read_text() == "{}"
+    assert read_repository(repo).policy.weights == str(repo / "routing_policy" / "1" / "router.pt")
+
+
+def test_trained_routers_left_in_router_1_by_a_checkout_are_carried_over(tmp_path: Path) -> None:
+    """What a checkout holds after pulling the rename: git removed router/config.pbtxt and added
+    routing_policy/, but the ignored trained routers stay in router/1/."""
+    raw = rich_config(tmp_path)
+    repo = render_repository(raw, tmp_path / "repo")
+    (repo / "router" / "1" / "co_llm").mkdir(parents=True)
+    (repo / "router" / "1" / "co_llm" / "metadata.json").write_text("{}")
+    render_repository(raw, tmp_path / "repo")
+    assert not (repo / "router").exists()
+    assert (repo / "routing_policy" / "1" / "co_llm" / "metadata.json").read_text() == "{}"
 
 
 def test_refuses_to_replace_a_folder_it_did_not_render(tmp_path: Path) -> None:
@@ -216,7 +247,8 @@ def test_front_names_mode_and_batch_size_come_from_the_config_and_read_back(tmp_
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"frontend": {"names": ["router"]}}, "frontend.names: .*'router' is taken by the repository's own router"),
+    ({"frontend": {"names": ["routing_policy"]}},
+     "frontend.names: .*'routing_policy' is taken by the repository's own routing_policy"),
     ({"frontend": {"names": ["a", "a"]}}, "frontend.names: .*names repeat"),
     ({"frontend": {"names": ["bad/name"]}}, "frontend.names: .*'bad/name' is not a model folder name"),
     ({"frontend": {"names": []}}, "frontend.names"),
@@ -259,7 +291,7 @@ def test_committed_repository_is_what_the_default_config_renders(tmp_path: Path)
     rendered = render_repository(tmp_path / "configs" / "qwen2.5-coder.yaml", tmp_path / "model_repository")
     committed = ROOT / "model_repository"
     files = sorted(p.relative_to(rendered) for p in rendered.rglob("*") if p.is_file())
-    # what git keeps: trained routers that train-router wrote into router/1/ are ignored artifacts
+    # what git keeps: trained routers that train-router wrote into routing_policy/1/ are ignored artifacts
     kept = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "model_repository"],
                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     assert files == sorted(Path(p).relative_to("model_repository") for p in kept)

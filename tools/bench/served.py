@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from tokenrouter.config import TokenRouterConfig
 from tokenrouter.engine.base import Engine
 from tokenrouter.engine.factory import create_engine
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec
 
@@ -79,7 +79,7 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
                 **{f"server: {name}": s for name, s in group_cpu_by_process(server.process.pid).items()}}
 
     def run(system: str, rep: int) -> dict[str, Any]:
-        target: Target = EmbeddedTarget(TokenRoutingEngine(config, engines=engines, codec=codec, step_log=STEP_LOG),
+        target: Target = EmbeddedTarget(TokenRouter(config, engines=engines, codec=codec, step_log=STEP_LOG),
                                         large) if system == "embedded" else TritonTarget(server.grpc_url, large)
         before = prometheus.scrape(metrics_url) if system == "served" else {}
         cpu_before = cpu_seconds()

@@ -19,7 +19,7 @@ from typing import Any
 from tokenrouter.config import load_config
 from tokenrouter.engine.base import Engine
 from tokenrouter.policies.base import create_policy
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.text import TextCodec
 
 from .setups import LARGE, SMALL, Setup
@@ -87,4 +87,4 @@ class SystemFactory:
         if system == "tokenrouter" and thresholds is None:
             thresholds = self.thresholds(clients)
         config = load_config(system_config(self.setup, system, clients, thresholds))
-        return EmbeddedTarget(TokenRoutingEngine(config, engines=self.engines, codec=self.codec, step_log=STEP_LOG), LARGE)
+        return EmbeddedTarget(TokenRouter(config, engines=self.engines, codec=self.codec, step_log=STEP_LOG), LARGE)

@@ -11,7 +11,7 @@ import math
 import time
 from typing import Protocol
 
-from tokenrouter.runtime.api import TokenRoutingEngine
+from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.runtime.request import RequestError
 
 from .records import Prompt, RequestRecord
@@ -38,10 +38,10 @@ class Target(Protocol):
 
 
 class EmbeddedTarget:
-    """The embedded Python API (TokenRoutingEngine.submit); tokens are stamped when the entry
+    """The embedded Python API (TokenRouter.submit); tokens are stamped when the entry
     subserver hands them to the request's handle."""
 
-    def __init__(self, engine: TokenRoutingEngine, large: str) -> None:
+    def __init__(self, engine: TokenRouter, large: str) -> None:
         self.engine, self.large = engine, large
 
     def generate(self, prompt: Prompt, *, max_tokens: int, seed: int, deadline: float) -> RequestRecord:

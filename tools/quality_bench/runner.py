@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from tokenrouter import TokenRoutingEngine
+from tokenrouter import TokenRouter
 from tokenrouter.config import TokenRouterConfig, load_config
 from tokenrouter.engine.base import Engine
 from tokenrouter.engine.factory import create_engine
@@ -72,14 +72,14 @@ class PolicyRun:
 
 
 def load_engines(config: TokenRouterConfig) -> dict[str, Engine]:
-    """The config's models, loaded once and shared by every setting's TokenRoutingEngine."""
+    """The config's models, loaded once and shared by every setting's TokenRouter."""
     return {name: create_engine(name, config.models[name]) for name in config.model_names}
 
 
 def warm_up(base: TokenRouterConfig, engines: dict[str, Engine]) -> None:
     """A few tokens on both models before anything is timed (first-step allocations, lazy init)."""
     config = load_config({**base.model_dump(), "policy": {"name": "llm_only"}})
-    with TokenRoutingEngine(config, engines=engines) as engine:
+    with TokenRouter(config, engines=engines) as engine:
         engine.generate("def add(a, b):", max_tokens=4)
 
 
@@ -87,7 +87,7 @@ def run_setting(base: TokenRouterConfig, engines: dict[str, Engine], problems: S
                 setting: PolicySetting, *, mode: Mode, max_tokens: int, routers: Path,
                 judge_timeout_s: float = 10.0, progress: bool = True) -> PolicyRun:
     config = setting.config(base, chat_template=uses_chat_template(mode), routers=routers)
-    with TokenRoutingEngine(config, engines=engines) as engine:
+    with TokenRouter(config, engines=engines) as engine:
         prompts = [prompt_text(p, mode, engine.codec.tokenizer) for p in problems]
         started = time.perf_counter()
         handles = [engine.submit(prompt, max_tokens=max_tokens, temperature=0.0, seed=0,

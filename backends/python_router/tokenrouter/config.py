@@ -101,7 +101,7 @@ class ModelSpec(_Strict):
 
 
 class PolicySpec(_Strict):
-    """The routing policy carried by the router model."""
+    """The routing policy carried by the routing_policy model."""
 
     name: str = "slm_only"
     params: dict[str, Any] = Field(default_factory=dict)
@@ -149,7 +149,7 @@ class SchedulingSpec(_Strict):
 
 
 FRONT_NAMES = ("tokenrouter", "ensemble", "tensorrt_llm_bls")  # ours, and TensorRT-LLM's model names
-RESERVED_NAMES = ("preprocessing", "postprocessing", "router")
+RESERVED_NAMES = ("preprocessing", "postprocessing", "routing_policy")
 
 
 class FrontendSpec(_Strict):

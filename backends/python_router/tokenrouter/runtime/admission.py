@@ -92,7 +92,8 @@ class Admission:
             expired.append(self.waiting.popleft())
         return expired
 
-    def unreserve(self, rid: str) -> None:
+    def release(self, rid: str) -> None:
+        """Give back the KV an admitted request reserved (it ended)."""
         for model, blocks in self._reservations.pop(rid, {}).items():
             self.reserved[model] -= blocks
 

@@ -1,9 +1,9 @@
 """The embedded Python API: every subserver in this process, joined by the in-process transport.
 
-    from tokenrouter import TokenRoutingEngine
+    from tokenrouter import TokenRouter
 
-    with TokenRoutingEngine.from_config("configs/tiny.yaml") as engine:
-        for result in engine.generate(["def add(a, b):"], max_tokens=32):
+    with TokenRouter.from_config("configs/tiny.yaml") as router:
+        for result in router.generate(["def add(a, b):"], max_tokens=32):
             print(result.text, result.large_model_share)
 """
 
@@ -60,9 +60,9 @@ class GenerationChunk:
 class RequestHandle:
     """One request's output as it arrives (a ClientSink fed by the entry's loop thread)."""
 
-    def __init__(self, rid: str, engine: "TokenRoutingEngine") -> None:
+    def __init__(self, rid: str, router: "TokenRouter") -> None:
         self.rid = rid
-        self._engine = engine
+        self._router = router
         self.token_ids: list[int] = []
         self.origins: list[int] = []
         self.logprobs: list[float] | None = None  # set by the first output when the request returns them
@@ -96,15 +96,15 @@ class RequestHandle:
         return self._done.is_set()
 
     def cancel(self) -> None:
-        self._engine.cancel(self)
+        self._router.cancel(self)
 
     def wait(self, timeout: float | None = None) -> GenerationResult:
         if not self._done.wait(timeout):
             raise TimeoutError(f"request {self.rid} did not finish within {timeout} s")
-        return self._engine._result(self)
+        return self._router._result(self)
 
 
-class TokenRoutingEngine:
+class TokenRouter:
     """All models of a config, served in this process."""
 
     def __init__(self, config: TokenRouterConfig, engines: dict[str, Engine] | None = None,
@@ -139,7 +139,7 @@ class TokenRoutingEngine:
             server.start()
 
     @classmethod
-    def from_config(cls, source: str | Path | dict[str, Any] | TokenRouterConfig, **kwargs: Any) -> "TokenRoutingEngine":
+    def from_config(cls, source: str | Path | dict[str, Any] | TokenRouterConfig, **kwargs: Any) -> "TokenRouter":
         return cls(load_config(source), **kwargs)
 
     # --- requests --------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ class TokenRoutingEngine:
             for engine in self.engines.values():
                 engine.close()
 
-    def __enter__(self) -> "TokenRoutingEngine":
+    def __enter__(self) -> "TokenRouter":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,8 +8,10 @@ around it (``subserver.py``) owns the inbox, the thread and the strategy hooks; 
 the core directly (``tests/runtime/test_core.py``).
 
 Request lifecycle at one model: unknown -> here (runnable) -> away (pending: KV kept, skipped by
-the scheduler) -> here (resumed as an extend of the tokens the peer committed) -> ... -> dropped.
-What differs between the entry model and a peer lives in ``roles.py``.
+the scheduler) -> here (resumed as an extend of the tokens the peer committed) -> ... -> released.
+A request ends in one of three ways: it finishes (a stop rule: length, end id, stop sequence,
+context limit), the client cancels it, or an error fails it; every model then releases it (frees
+its KV and forgets it). What differs between the entry model and a peer lives in ``roles.py``.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class SubserverCore:
         """End a request with an error from outside (e.g. its handoff could not be delivered)."""
         self.now, fx = now, []
         if rid in self.requests:
-            self.finish(self.requests[rid], "error", fx, error)
+            self._fail(self.requests[rid], error, fx)
         return fx
 
     def tick(self, now: float) -> list[Effect]:
@@ -129,7 +131,7 @@ class SubserverCore:
         """Fail whatever is still in flight so no client waits forever."""
         fx = self.role.shutdown(reason)
         for rid in list(self.requests):
-            self.drop(rid, fx)
+            self.release(rid, fx)
         return fx
 
     # --- scheduling -----------------------------------------------------------------------------------
@@ -158,7 +160,7 @@ class SubserverCore:
         self.now, fx = now, []
         for rid in batch.rids:
             if rid in self.requests:
-                self.finish(self.requests[rid], "error", fx, error)
+                self._fail(self.requests[rid], error, fx)
         return fx
 
     def on_step(self, batch: Batch, result: StepResult, now: float) -> list[Effect]:
@@ -183,7 +185,7 @@ class SubserverCore:
         exhausted = enforce_bad_words(requests, out)
         if exhausted:
             for i in exhausted:
-                self.finish(requests[i], "error", fx, "bad_words ban every possible next token at this position")
+                self._fail(requests[i], "bad_words ban every possible next token at this position", fx)
             keep = [i for i in range(len(requests)) if i not in exhausted]
             if not keep:
                 return fx
@@ -193,7 +195,7 @@ class SubserverCore:
         decisions, failures = route_rows(self.policy, requests, out)
         for request in requests:
             if request.rid in failures:
-                self.finish(request, "error", fx, failures[request.rid])
+                self._fail(request, failures[request.rid], fx)
         record_log_probs(requests, decisions, out)
         lengths = [len(r.token_ids) for r in requests]
         for request, decision in zip(requests, decisions):
@@ -215,8 +217,7 @@ class SubserverCore:
         elif decision.destination in self.peers:
             self._hand_off(request, decision.destination, fx)
         else:
-            self.finish(request, "error", fx,
-                        f"policy '{self.policy.name}' routed to unknown model '{decision.destination}'")
+            self._fail(request, f"policy '{self.policy.name}' routed to unknown model '{decision.destination}'", fx)
 
     def commit(self, request: RequestState, tokens: list[int], origins: list[int], fx: list[Effect],
                logprobs: list[float | None], *, inform_entry: bool = True) -> bool:
@@ -238,7 +239,7 @@ class SubserverCore:
             if message.anchor != request.known.get(peer, 0) or message.end != expected:
                 raise ValueError(f"its handoff covers [{message.anchor}, {message.end}) of a context of {expected}")
         except Exception as exc:
-            self.finish(request, "error", fx, f"policy '{self.policy.name}' failed to send: {type(exc).__name__}: {exc}")
+            self._fail(request, f"policy '{self.policy.name}' failed to send: {type(exc).__name__}: {exc}", fx)
             return
         # A kept sampled token is committed here (attributed to this model) and may end the request.
         if message.keep_sampled and self.commit(request, [request.sampled_token], [self.index], fx,
@@ -249,11 +250,15 @@ class SubserverCore:
         self.stats.handoffs_out += 1
         fx.append(Send(peer, message))
 
-    def finish(self, request: RequestState, reason: str, fx: list[Effect], error: str | None = None, *,
-               notified: bool = False) -> None:
-        self.role.finish(request, reason, error, notified, fx)
+    def finish(self, request: RequestState, reason: str, fx: list[Effect], *, notified: bool = False) -> None:
+        """The request completed normally (``reason``: a stop rule's finish reason)."""
+        self.role.end(request, reason, None, notified, fx)
 
-    def drop(self, rid: str, fx: list[Effect]) -> None:
+    def _fail(self, request: RequestState, error: str, fx: list[Effect]) -> None:
+        """An error ended the request (finish reason "error")."""
+        self.role.end(request, "error", error, False, fx)
+
+    def release(self, rid: str, fx: list[Effect]) -> None:
         """Forget the request here and free its KV; late messages for it are ignored."""
         self.requests.pop(rid, None)
         self.runnable.pop(rid, None)
@@ -288,7 +293,7 @@ class SubserverCore:
         if problem is not None:
             self.drop_message(message, problem)
             if request is not None and not request.here:  # held by no one now: end it, or it hangs
-                self.finish(request, "error", fx, f"a handoff from '{message.sender}' did not fit: {problem}")
+                self._fail(request, f"a handoff from '{message.sender}' did not fit: {problem}", fx)
             return None
         if request is None:
             spec = message.request
@@ -299,7 +304,7 @@ class SubserverCore:
         try:
             tokens = list(self.policy.receive(request.view(), message))
         except Exception as exc:
-            return self.finish(request, "error", fx, f"policy '{self.policy.name}' failed to receive: {exc}")
+            return self._fail(request, f"policy '{self.policy.name}' failed to receive: {exc}", fx)
         grown = accept_handoff(request, message, tokens, self.now)
         self.runnable[request.rid] = None
         self.role.on_grown(request, grown, None, None, fx)

@@ -1,8 +1,9 @@
 """What differs between the entry model and a peer, as two small roles of the subserver core.
 
-The entry owns the client side: validation and admission, streaming to the client's sink, the
-finish, cancellation, the global active count, and telling every peer to release a request.
-A peer only decodes what it is handed; it reports its commits and finishes to the entry.
+The entry owns the client side: validation and admission, streaming to the client's sink, ending
+a request (finished, cancelled or failed), the global active count, and telling every peer to
+release a request. A peer only decodes what it is handed; it reports its commits and the end of a
+request it holds to the entry.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class EntryRole:
             self.core.stats.finished["cancelled"] += 1
             return [Emit(rid, waiting.sink, [], [], "cancelled", logprobs=no_tokens_logprobs(waiting.spec))]
         if rid in self.core.requests:
-            self._finalize(rid, "cancelled", None, False, fx)
+            self._end(rid, "cancelled", None, False, fx)
         return fx  # unknown or already over: nothing to do
 
     def on_commit(self, request: RequestState, tokens: list[int], origins: list[int], reason: str | None,
@@ -98,22 +99,23 @@ class EntryRole:
                                     request.origins[len(request.origins) - new:], reason, error,
                                     logprobs=request.client_logprobs(new))
 
-    def finish(self, request: RequestState, reason: str, error: str | None, notified: bool,
-               fx: list[Effect]) -> None:
-        self._finalize(request.rid, reason, error, notified, fx)
+    def end(self, request: RequestState, reason: str, error: str | None, notified: bool,
+            fx: list[Effect]) -> None:
+        """It finished or failed here (``reason`` "error": failed)."""
+        self._end(request.rid, reason, error, notified, fx)
 
-    def _finalize(self, rid: str, reason: str, error: str | None, notified: bool, fx: list[Effect]) -> None:
-        """The request is over: tell the client (unless its last output already said so), free KV
-        everywhere, let the next one in."""
+    def _end(self, rid: str, reason: str, error: str | None, notified: bool, fx: list[Effect]) -> None:
+        """The request is over (finished, cancelled or failed): tell the client (unless its last
+        output already said so), release it on every model, let the next one in."""
         core = self.core
         if not notified:
             fx += self.outputs.emit(rid, [], [], reason, error, logprobs=no_tokens_logprobs(core.requests[rid].spec))
         self.outputs.close(rid)
         core.stats.finished[reason] += 1
-        core.drop(rid, fx)
+        core.release(rid, fx)
         # Every peer, not only those this model handed to: a request may travel peer to peer.
         fx += [Send(peer, PeerMessage(kind="release", rid=rid, sender=core.name)) for peer in core.peers]
-        self.admission.unreserve(rid)
+        self.admission.release(rid)
         core.active -= 1
         self._broadcast_active(fx)
 
@@ -142,14 +144,14 @@ class EntryRole:
         request.known[message.sender] = message.end
         self.on_grown(request, grown, reason, message.state.get("error"), fx)
         if reason is not None:
-            self._finalize(request.rid, reason, None, True, fx)
+            self._end(request.rid, reason, None, True, fx)
         return None
 
     def shutdown(self, reason: str) -> list[Effect]:
         fx: list[Effect] = [Emit(s.rid, s.sink, [], [], "error", reason, no_tokens_logprobs(s.spec))
                             for s in self.admission.drain()]
         for rid in list(self.core.requests):
-            self._finalize(rid, "error", reason, False, fx)
+            self._end(rid, "error", reason, False, fx)
         return fx
 
 
@@ -194,12 +196,14 @@ class PeerRole:
                  fx: list[Effect]) -> None:
         """Nothing to stream: only the entry talks to the client."""
 
-    def finish(self, request: RequestState, reason: str, error: str | None, notified: bool,
-               fx: list[Effect]) -> None:
+    def end(self, request: RequestState, reason: str, error: str | None, notified: bool,
+            fx: list[Effect]) -> None:
+        """It finished or failed here: report it to the entry (a "finish" message with the reason,
+        "error" included; the entry ends it everywhere) and release it here."""
         core = self.core
         fx.append(Send(core.entry, suffix_message(request, core.entry, "finish", sender=core.name, reason=reason,
                                                   error=error)))
-        core.drop(request.rid, fx)
+        core.release(request.rid, fx)
 
     def on_active(self, active: int) -> None:
         self.core.active = active
@@ -212,7 +216,7 @@ class PeerRole:
             core.stats.dropped_messages["release for a request never held"] += 1
             core.tombstones[message.rid] = core.now  # a handoff still on its way is late, too
             return None
-        core.drop(message.rid, fx)
+        core.release(message.rid, fx)
         return None
 
     def on_suffix(self, message: PeerMessage, fx: list[Effect]) -> None:

@@ -3,9 +3,9 @@ runs this class (the launcher links this file as ``python_router/model.py``; the
 ``backends/python_router/model.py``, which re-exports it).
 
 Each model instance is a stub process. Parameter ``role`` picks what it is: a ``subserver`` (one
-model's engine, scheduler, pending table and policy) or the ``router`` (carries the policy and its
-weights). All the work happens in the ``tokenrouter`` runtime library; this class only connects it
-to Triton. It lives in the package so that an installed tokenrouter carries its own backend.
+model's engine, scheduler, pending table and policy) or ``routing_policy`` (carries the policy, its
+weights and the scheduling settings). All the work happens in the ``tokenrouter`` runtime library;
+this class only connects it to Triton. It lives in the package so that an installed tokenrouter carries its own backend.
 """
 
 import locale

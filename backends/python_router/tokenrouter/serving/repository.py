@@ -7,12 +7,12 @@ Layout (one folder per Triton model)::
     preprocessing/    python, standalone: text -> token ids (tokenizer, chat template, stop words, end ids)
     postprocessing/   python, standalone: token ids -> text, UTF-8 safe across streamed chunks
     <model>/          python_router, role "subserver": one per config model (ModelSpec as parameters)
-    router/           python_router, role "router": policy, scheduling and the policy's weights in 1/
+    routing_policy/   python_router, role "routing_policy": policy, scheduling and the policy's weights in 1/
 
 Every setting is a string ``parameter`` in a config.pbtxt, so editing it and restarting Triton (or
 reloading the model through the repository API) takes effect: the models read their settings
 back with :func:`read_repository`. Relative paths in parameters are relative to the repository
-folder (``policy_weights``: to router/1/), so a repository and its models can move together.
+folder (``policy_weights``: to routing_policy/1/), so a repository and its models can move together.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..config import ConfigError, FrontendSpec, ModelSpec, TokenRouterConfig, load_config
 from ..runtime.strategies import MULTI_PROCESS
 from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS,
-                     PREPROCESSING_OUTPUTS, ROUTER_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
+                     PREPROCESSING_OUTPUTS, ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
 
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
-ROUTER = "router"
+ROUTING_POLICY = "routing_policy"  # carries the policy, its weights and the scheduling settings
+LEGACY_ROUTING_POLICY = "router"  # its name and role before the rename (re-rendering carries its trained routers)
 ROUTER_BACKEND = "python_router"
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_MODEL")
 # The subservers take one request per Triton request; batching is on (max_batch_size > 0) as in
@@ -221,9 +222,9 @@ def _spec_parameters(spec: ModelSpec, paths: _Paths) -> dict[str, Any]:
     return values
 
 
-def _router_config(config: TokenRouterConfig, weights: str) -> mc.ModelConfig:
+def _routing_policy_config(config: TokenRouterConfig, weights: str) -> mc.ModelConfig:
     parameters = {
-        "role": "router",
+        "role": "routing_policy",
         "models": config.model_names,
         "entry": config.entry,
         "policy": config.policy.name,
@@ -239,8 +240,8 @@ def _router_config(config: TokenRouterConfig, weights: str) -> mc.ModelConfig:
         "max_model_len": config.max_model_len,
         "fronts": config.frontend.names,
     }
-    return model_config(ROUTER, backend=ROUTER_BACKEND, max_batch_size=0, outputs=ROUTER_OUTPUTS.values(),
-                        parameters=parameters)
+    return model_config(ROUTING_POLICY, backend=ROUTER_BACKEND, max_batch_size=0,
+                        outputs=ROUTING_POLICY_OUTPUTS.values(), parameters=parameters)
 
 
 def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], out_dir: Path, *,
@@ -249,7 +250,7 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
 
     ``out_dir`` is replaced as a whole (it must be empty, absent, or an earlier rendering), so a
     model dropped from the config does not linger. The policy's weights are copied into
-    router/1/; trained routers already in the earlier rendering's router/1/ stay there.
+    routing_policy/1/; trained routers already in the earlier rendering's routing_policy/1/ stay there.
     ``instance_kind`` applies to the subservers; None (the default, and what ``serve --config`` uses)
     derives each one's kind from its model's ``device`` (KIND_GPU pins the device's GPU).
     """
@@ -260,7 +261,7 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
             f"scheduling.strategy: '{config.scheduling.strategy}' coordinates the models through memory they share; "
             f"Triton runs each model in its own process, so it cannot serve it. Use "
             f"{' or '.join(repr(s) for s in MULTI_PROCESS)}, or run '{config.scheduling.strategy}' in the embedded "
-            f"API (TokenRoutingEngine), e.g. for a comparison")
+            f"API (TokenRouter), e.g. for a comparison")
     if config.tokenizer_path is None:
         raise ConfigError("the repository needs a tokenizer: set `tokenizer` or a `path` on the entry model")
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MARKER).is_file():
@@ -277,8 +278,12 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
             write_model(staging, sub)
         weights = Path(config.policy.weights) if config.policy.weights else None
         files = {weights.name: weights} if weights else {}
-        write_model(staging, _router_config(config, weights.name if weights else ""), files)
-        _keep_trained_routers(out_dir / ROUTER / "1", staging / ROUTER / "1")
+        write_model(staging, _routing_policy_config(config, weights.name if weights else ""), files)
+        _keep_trained_routers(out_dir / ROUTING_POLICY / "1", staging / ROUTING_POLICY / "1")
+        # Rendered before the rename (or a checkout where git removed router/config.pbtxt but not the
+        # ignored trained routers beside it): they move into routing_policy/1/. Only folders move, and
+        # no other model keeps folders in its 1/, so a model now named router loses nothing.
+        _keep_trained_routers(out_dir / LEGACY_ROUTING_POLICY / "1", staging / ROUTING_POLICY / "1")
         (staging / MARKER).write_text("Rendered by `tokenrouter build-repository`; rendering again replaces this folder.\n")
         _replace(staging, out_dir)
     finally:
@@ -287,14 +292,23 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
 
 
 def _keep_trained_routers(old: Path, new: Path) -> None:
-    """Carry the router folders of an earlier rendering (what `train-router` writes into router/1/,
+    """Carry the router folders of an earlier rendering (what `train-router` writes into routing_policy/1/,
     minutes of training each) into the new one, unless the config's weights take that name.
-    Hard links: no copy of R2R's ~280 MB, and the earlier rendering stays whole until replaced."""
+    Hard links: no copy of R2R's ~280 MB, and the earlier rendering stays whole until replaced.
+    An earlier copy of the same name wins over a later one (routing_policy/1/ over router/1/)."""
     if not old.is_dir():
         return
     for folder in old.iterdir():
         if folder.is_dir() and not (new / folder.name).exists():
             shutil.copytree(folder, new / folder.name, copy_function=os.link)
+
+
+def _is_legacy_routing_policy(repo_dir: Path) -> bool:
+    """Whether ``repo_dir`` holds the routing policy model under its old name (``router``, role "router")."""
+    try:
+        return model_parameters(repo_dir / LEGACY_ROUTING_POLICY).get("role") == LEGACY_ROUTING_POLICY
+    except ConfigError:
+        return False
 
 
 def _replace(new: Path, old: Path) -> None:
@@ -348,33 +362,37 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
     """The TokenRouterConfig that a repository's config.pbtxt files describe (paths made absolute)."""
     repo_dir = Path(repo_dir).resolve()
     paths = _Paths(repo_dir)
-    router_dir = repo_dir / ROUTER
-    router = model_parameters(router_dir, "router")
+    policy_dir = repo_dir / ROUTING_POLICY
+    if not (policy_dir / "config.pbtxt").is_file() and _is_legacy_routing_policy(repo_dir):
+        raise ConfigError(f"{repo_dir} was rendered before the '{LEGACY_ROUTING_POLICY}' model was renamed "
+                          f"'{ROUTING_POLICY}': render it again with `tokenrouter build-repository` (trained routers "
+                          f"in {LEGACY_ROUTING_POLICY}/1/ are carried over)")
+    policy_model = model_parameters(policy_dir, "routing_policy")
 
     def json_param(key: str) -> Any:
-        return _decode(_require(router, key, router_dir), text=False)
+        return _decode(_require(policy_model, key, policy_dir), text=False)
 
     names = json_param("models")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ConfigError(f"{router_dir}/config.pbtxt: parameter 'models' must be a JSON list of model names")
+        raise ConfigError(f"{policy_dir}/config.pbtxt: parameter 'models' must be a JSON list of model names")
     models = {name: _read_spec(model_parameters(repo_dir / name, "subserver"), paths) for name in names}
-    weights = _require(router, "policy_weights", router_dir)
+    weights = _require(policy_model, "policy_weights", policy_dir)
     pre_dir = repo_dir / PREPROCESSING
     pre = model_parameters(pre_dir)
     tokenizer = paths.decode(_require(pre, "tokenizer", pre_dir))
-    entry = _require(router, "entry", router_dir) or None
+    entry = _require(policy_model, "entry", policy_dir) or None
     fronts = json_param("fronts")
     first_front = read_model_config(repo_dir / fronts[0]) if isinstance(fronts, list) and fronts else None
     raw = {
         "models": models,
         "entry": entry,
         "policy": {
-            "name": _require(router, "policy", router_dir),
+            "name": _require(policy_model, "policy", policy_dir),
             "params": json_param("policy_params") or {},
-            "weights": str((router_dir / "1" / weights).resolve()) if weights else None,
+            "weights": str((policy_dir / "1" / weights).resolve()) if weights else None,
         },
         "scheduling": {
-            "strategy": _require(router, "strategy", router_dir),
+            "strategy": _require(policy_model, "strategy", policy_dir),
             "max_wait_ms": json_param("max_wait_ms"),
             "max_active": json_param("max_active"),
             "max_queue": json_param("max_queue"),

@@ -168,7 +168,7 @@ POSTPROCESSING_INPUTS = {name: t for name, t in SUBSERVER_OUTPUTS.items()
 POSTPROCESSING_OUTPUTS = {name: CLIENT_OUTPUTS[name] for name in (
     "text_output", "output_ids", "output_models", "finish_reason", "large_model_share")}
 
-ROUTER_OUTPUTS = _tensors(("policy", "BYTES", ONE))  # the routing config carrier's answer, as JSON
+ROUTING_POLICY_OUTPUTS = _tensors(("policy", "BYTES", ONE))  # the routing config carrier's answer, as JSON
 
 
 def flatten_sequences(sequences: Iterable[Sequence[int]]) -> list[int]:

@@ -1,4 +1,4 @@
-"""What the python_router backend's model.py runs: a subserver, or the router (policy holder).
+"""What the python_router backend's model.py runs: a subserver, or the routing_policy model (policy holder).
 
 The glue is thin: intake.py turns requests into the runtime Subserver's submissions and peer
 messages; responses.py turns the subserver's output events into decoupled responses on a thread
@@ -33,22 +33,23 @@ log = logging.getLogger(__name__)
 LOOP_DIED_EXIT = 70
 
 
-def create_role(pb_utils: Any, args: dict[str, str]) -> "SubserverRole | RouterRole":
+def create_role(pb_utils: Any, args: dict[str, str]) -> "SubserverRole | RoutingPolicyRole":
     model_config = json.loads(args["model_config"])
     role = _parameters(model_config).get("role", "subserver")
-    if role == "router":
-        return RouterRole(pb_utils, args, model_config)
+    if role == "routing_policy":
+        return RoutingPolicyRole(pb_utils, args, model_config)
     if role == "subserver":
         return SubserverRole(pb_utils, args, model_config)
-    raise ValueError(f"model '{args['model_name']}': parameter role='{role}' is not 'subserver' or 'router'")
+    raise ValueError(f"model '{args['model_name']}': parameter role='{role}' is not 'subserver' or 'routing_policy'")
 
 
 def _parameters(model_config: dict) -> dict[str, str]:
     return {key: value.get("string_value", "") for key, value in model_config.get("parameters", {}).items()}
 
 
-class RouterRole:
-    """Carries the policy. Answers a request with the policy it carries, as JSON (introspection)."""
+class RoutingPolicyRole:
+    """The routing_policy model: carries the policy, its weights and the scheduling settings, and
+    answers a request with them as JSON (introspection)."""
 
     def __init__(self, pb_utils: Any, args: dict[str, str], model_config: dict) -> None:
         self._pb = pb_utils
@@ -80,7 +81,7 @@ class SubserverRole:
             raise ValueError(f"strategy '{config.scheduling.strategy}' needs all models in one process; in Triton "
                              f"use one of {', '.join(MULTI_PROCESS)} (the embedded API runs the others)")
         if self.name not in config.models:
-            raise ValueError(f"model '{self.name}' is not in the router's model list {config.model_names}")
+            raise ValueError(f"model '{self.name}' is not in the routing_policy model's list {config.model_names}")
         if model_config.get("max_batch_size", 0) != MAX_BATCH_SIZE:
             raise ValueError(f"model '{self.name}': max_batch_size must be {MAX_BATCH_SIZE} (one request per Triton "
                              f"request, each tensor with its batch dimension); the subserver batches on its own")
