@@ -2,7 +2,7 @@
 
 The shipped simulated A100 pair with its clock switched off (time_scale 0: steps as fast as the
 CPU allows), so each stream produces tokens faster than its paced responses go out (32 streams
-at scheduling.max_responses_per_s: one response per stream per 32 ms) and responses carry several
+at scheduling.max_responses_per_s: one response per stream per 80 ms) and responses carry several
 tokens. Every stream must still equal the embedded engine's output: every token, in order, with
 its model, the finish reason and the UTF-8 text.
 """

@@ -142,7 +142,7 @@ class SchedulingSpec(_Strict):
         8, ge=0, description="how many later requests whose KV fits may start ahead of a waiting one (0: strict FIFO)"
     )
     max_responses_per_s: float = Field(
-        1000.0, gt=0, description="streamed responses per second the entry sends over all streams (Triton): each "
+        400.0, gt=0, description="streamed responses per second the entry sends over all streams (Triton): each "
                                   "stream's are at least streams/this apart, tokens in between leave together; the "
                                   "first token and the last response are never held"
     )

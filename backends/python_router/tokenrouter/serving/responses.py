@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # Each is_cancelled() is an IPC round trip to tritonserver: polling 64 streams every 20 ms cost
 # 3200 round trips a second. 0.1 s bounds how late a cancellation is noticed.
 CANCEL_POLL_S = 0.1
-MAX_RESPONSES_PER_S = 1000.0  # default of scheduling.max_responses_per_s
+MAX_RESPONSES_PER_S = 400.0  # default of scheduling.max_responses_per_s (config.py)
 
 
 @dataclass
