@@ -26,6 +26,7 @@ from collections import Counter
 
 import numpy as np
 
+from ..config import SchedulingSpec
 from ..runtime.emission import large_model_share
 from .detokenize import PREFIX_TOKENS
 from .error_codes import code_name
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 # Each is_cancelled() is an IPC round trip to tritonserver: polling 64 streams every 20 ms cost
 # 3200 round trips a second. 0.1 s bounds how late a cancellation is noticed.
 CANCEL_POLL_S = 0.1
-MAX_RESPONSES_PER_S = 400.0  # default of scheduling.max_responses_per_s (config.py)
+MAX_RESPONSES_PER_S: float = SchedulingSpec.model_fields["max_responses_per_s"].default  # one default, in config.py
 
 
 @dataclass
