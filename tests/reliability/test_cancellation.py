@@ -111,7 +111,7 @@ def test_fifty_cancelled_streams_running_and_queued_free_everything(routing_serv
         now = metrics(routing_server)
         queued = now.get('tokenrouter_queue_depth{model="slm"}', 0)
         held = now.get('tokenrouter_active_requests{model="slm"}', 0) + queued
-        if held + sum(ended_since(now, before).values()) == 50 and queued > 0:
+        if held + sum(ended_since(now, before).values()) >= 50 and queued > 0:  # >=: an earlier test's last request may end in between
             break
         assert time.monotonic() < deadline, f"held {held}, queued {queued}, ended {ended_since(now, before)}"
         time.sleep(0.1)
@@ -121,7 +121,7 @@ def test_fifty_cancelled_streams_running_and_queued_free_everything(routing_serv
     while True:
         ended = ended_since(metrics(routing_server), before)
         busy = wait_for_idle_pools(routing_server, timeout_s=0)
-        if sum(ended.values()) == 50 and not busy:
+        if sum(ended.values()) >= 50 and not busy:
             break
         assert time.monotonic() - since < WITHIN_S, f"after {WITHIN_S} s: ended {ended}, busy: {busy}"
     # Every request held at the cancel could not end on its own within WITHIN_S but a few running

@@ -17,7 +17,7 @@ from e2e.test_serve import _descendants, _launch, wait_stopped
 from tokenrouter_tools.triton_server import SHM_DIR, SHM_PATTERN, shm_regions_of
 
 STREAMS = 16
-MAX_TOKENS = 200  # long enough that no stream of the first wave ends within the 1 s before SIGTERM
+MAX_TOKENS = 200  # with min_tokens as long: no stream of the first wave ends within the 1 s before SIGTERM
 
 
 def _listening_addresses(port: int) -> set[str]:
@@ -42,7 +42,8 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
         assert regions, "the server's stubs should have shared-memory regions"
         with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
             streams = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
-                                                                  max_tokens=MAX_TOKENS, random_seed=i), timeout_s=120)
+                                                                  max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, random_seed=i),
+                                   timeout_s=120)
                        for i in range(STREAMS)]
             time.sleep(1.0)  # all in flight
             assert not any(s.done() for s in streams), "streams finished before SIGTERM; make them longer"
@@ -54,7 +55,7 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
                 responses = stream.result(timeout=120)  # finished normally: not cut by the shutdown
                 reason = responses[-1]["finish_reason"].reshape(-1)[0]
                 produced = sum(r["output_ids"].size for r in responses)
-                assert (reason, produced) == (b"length", MAX_TOKENS) or (reason == b"eos" and produced < MAX_TOKENS)
+                assert (reason, produced) == (b"length", MAX_TOKENS)  # min_tokens: no early eos
         assert "tokenrouter serve: drained" in wait_stopped(launcher, server_pids, 120)
         assert not regions & set(SHM_DIR.glob(SHM_PATTERN)), "shared-memory regions left behind"
     finally:
