@@ -153,10 +153,10 @@ def run(args: argparse.Namespace) -> int:
     def announce(line: str) -> None:
         print(f"tokenrouter serve: {line}", file=sys.stderr)
 
+    entry, fronts = _served_models(repository)  # read once: the ready line, the supervisor and the drain
     try:
         announce(f"{install.binary} with {repository}")
         server = server.start_ready(args.ready_timeout, say=announce)
-        entry, fronts = _served_models(repository)
         front = fronts[0] if fronts else "<model>"
         announce(f"ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{front}/generate, generate_stream), "
                  f"gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. Ctrl-C stops.")
@@ -169,7 +169,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenrouter serve: {stop}: refusing new requests, draining those in flight "
               f"(up to {args.drain_timeout:g} s)", file=sys.stderr)
         _ignore_stop_signals()
-        entry, fronts = _served_models(repository)
         if not server.drain(fronts, args.drain_timeout):
             reason = f"the server is shutting down; the request did not finish within {args.drain_timeout:g} s"
             print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
