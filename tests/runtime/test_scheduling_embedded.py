@@ -13,8 +13,11 @@ LLM_B = [1, 2, 3, 3]  # B of the large model at N = 1, 2, 3, 4 (sum(B_i - 1) < N
 
 
 def _config(llm_b, *, max_wait_ms: float = 10_000.0, base_ms: float = 0.5) -> dict:
-    return {"models": {"slm": {"engine": "simulated", "profile": {"base": "tiny-cpu-small", "base_ms": base_ms}},
-                       "llm": {"engine": "simulated", "profile": {"base": "tiny-cpu-large", "base_ms": 2 * base_ms},
+    # eos_rate 0: every request runs to max_tokens, whatever positions the token source hashes to eos
+    return {"models": {"slm": {"engine": "simulated",
+                               "profile": {"base": "tiny-cpu-small", "base_ms": base_ms, "eos_rate": 0.0}},
+                       "llm": {"engine": "simulated",
+                               "profile": {"base": "tiny-cpu-large", "base_ms": 2 * base_ms, "eos_rate": 0.0},
                                "batch_threshold": llm_b}},
             "policy": {"name": "random", "params": {"rate": 0.3, "seed": 5, "run_length": 4}},
             "scheduling": {"strategy": "tokenrouter", "max_active": 4, "max_wait_ms": max_wait_ms}}
