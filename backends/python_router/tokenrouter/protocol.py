@@ -14,7 +14,7 @@ imports alone (``tests/runtime/test_protocol.py`` checks it in a fresh interpret
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, Protocol, overload
@@ -83,7 +83,12 @@ class PeerMessage:
         return self.anchor + len(self.tokens)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        # Shallow on purpose: asdict would deep-copy every token list element by element, which was
+        # most of what a handoff cost. ``state`` must be plain JSON already (it crosses processes).
+        data = dict(vars(self))
+        if self.request is not None:
+            data["request"] = asdict(self.request)
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "PeerMessage":
@@ -128,6 +133,9 @@ class ReadOnlyTokens(Sequence[int]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def __iter__(self) -> Iterator[int]:  # Sequence's own goes through __getitem__, one index at a time
+        return iter(self._items)
 
     def __eq__(self, other: object) -> bool:
         return list(self._items) == list(other) if isinstance(other, Sequence) else NotImplemented
@@ -178,19 +186,21 @@ class RequestView:
         """The handoff to ``peer``: every committed token ``peer`` has not seen, plus the sampled
         token when ``keep_sampled`` (then it is committed here, attributed to this model)."""
         keep = keep_sampled and self.sampled_token is not None
-        tokens = list(self.token_ids)
-        origins = [-1] * self.prompt_len + list(self.origins)
+        anchor = self.known.get(peer, 0)
+        # Only the suffix after the anchor is built: a request's whole context is seen every handoff.
+        prompt_left, output_from = max(self.prompt_len - anchor, 0), max(anchor - self.prompt_len, 0)
+        tokens = self.token_ids[anchor:]
+        origins = [-1] * prompt_left + self.origins[output_from:]
         if keep:
             tokens.append(self.sampled_token)
             origins.append(self.model_index)
-        anchor = self.known.get(peer, 0)
         logprobs: list[float | None] = []
         if self.spec.return_log_probs:
-            logprobs = [None] * self.prompt_len + list(self.logprobs) + ([self.sampled_logprob] if keep else [])
-        return PeerMessage(kind="handoff", rid=self.rid, sender=self.model, anchor=anchor, tokens=tokens[anchor:],
-                           origins=origins[anchor:], request=self.spec if anchor == 0 else None,
+            logprobs = [None] * prompt_left + self.logprobs[output_from:] + ([self.sampled_logprob] if keep else [])
+        return PeerMessage(kind="handoff", rid=self.rid, sender=self.model, anchor=anchor, tokens=tokens,
+                           origins=origins, request=self.spec if anchor == 0 else None,
                            state=dict(self.state if state is None else state), keep_sampled=keep,
-                           logprobs=logprobs[anchor:])
+                           logprobs=logprobs)
 
 
 @dataclass(frozen=True)
