@@ -87,8 +87,8 @@ class ThresholdFeed(StepObserver):
             observed = {"model": server.index, "observed": self.auto.export_model(server.index)}
             for peer in server.models:
                 if peer != server.name:
-                    server.transport.send(peer, PeerMessage(kind="estimates", rid="", sender=server.name,
-                                                            state=observed))
+                    server.transport.send(peer, [PeerMessage(kind="estimates", rid="", sender=server.name,
+                                                             state=observed)])
 
     def on_estimates(self, message: PeerMessage) -> None:
         try:

@@ -199,23 +199,25 @@ class Subserver:
 
     # --- effects ------------------------------------------------------------------------------------
     def _apply(self, effects: list[Effect]) -> None:
+        sends: dict[str, list[PeerMessage]] = {}
         for effect in effects:
             if isinstance(effect, Send):
-                self._send(effect)
+                sends.setdefault(effect.peer, []).append(effect.message)
             elif isinstance(effect, Emit):
                 self._emit(effect)
             elif isinstance(effect, Release):
                 self.engine.release(effect.rid)
+        for peer, messages in sends.items():  # after the rest: a step's messages to a peer travel together
+            self._send(peer, messages)
 
-    def _send(self, effect: Send) -> None:
+    def _send(self, peer: str, messages: list[PeerMessage]) -> None:
         try:
-            self.transport.send(effect.peer, effect.message)
+            self.transport.send(peer, messages)
         except Exception as exc:
-            log.exception("%s: sending %s for %s to %s failed", self.name, effect.message.kind, effect.message.rid,
-                          effect.peer)
-            if effect.message.kind == "handoff":  # the request would be held by no one: end it
-                self._apply(self.core.fail(effect.message.rid, f"could not reach '{effect.peer}': {exc}",
-                                           time.monotonic()))
+            log.exception("%s: sending %d message(s) to %s failed", self.name, len(messages), peer)
+            for message in messages:
+                if message.kind == "handoff":  # the request would be held by no one: end it
+                    self._apply(self.core.fail(message.rid, f"could not reach '{peer}': {exc}", time.monotonic()))
 
     def _emit(self, effect: Emit) -> None:
         """A failing sink (a client gone away) cancels that request only."""

@@ -8,7 +8,7 @@ Triton (BLS) and gRPC transports live in ``tokenrouter.serving``.
 from __future__ import annotations
 
 import abc
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..protocol import PeerMessage
 
@@ -17,8 +17,9 @@ Deliver = Callable[[PeerMessage], None]
 
 class Transport(abc.ABC):
     @abc.abstractmethod
-    def send(self, peer: str, message: PeerMessage) -> None:
-        """Queue ``message`` for ``peer``; must not block on the peer's compute."""
+    def send(self, peer: str, messages: Sequence[PeerMessage]) -> None:
+        """Queue ``messages`` for ``peer``, in order and together (a step's messages to one peer:
+        one BLS call between processes); must not block on the peer's compute."""
 
     def close(self) -> None:
         """Flush and stop background senders, if any."""
@@ -31,7 +32,8 @@ class InProcessTransport(Transport):
     def connect(self, name: str, deliver: Deliver) -> None:
         self._inboxes[name] = deliver
 
-    def send(self, peer: str, message: PeerMessage) -> None:
+    def send(self, peer: str, messages: Sequence[PeerMessage]) -> None:
         if peer not in self._inboxes:
             raise KeyError(f"no subserver named '{peer}' (known: {', '.join(self._inboxes)})")
-        self._inboxes[peer](PeerMessage.from_json(message.to_json()))
+        for message in messages:
+            self._inboxes[peer](PeerMessage.from_json(message.to_json()))

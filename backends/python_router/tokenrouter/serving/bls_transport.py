@@ -2,7 +2,8 @@
 
 One sender thread per peer drains its queue and ships everything queued as one BLS request
 (``peer_message``), so the decoding loop never waits on Triton and a burst of handoffs costs one
-round trip. Every call carries this server start's secret (peer_auth.py). Calls are blocking
+round trip. A step's messages to a peer are queued as one item: a sender that woke on the first of
+them would otherwise ship it alone. Every call carries this server start's secret (peer_auth.py). Calls are blocking
 ``exec`` from that thread: never from an event loop, never concurrent
 ``async_exec(decoupled=True)`` (see notes/triton.md).
 """
@@ -13,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..protocol import PeerMessage, encode_batch
 from ..runtime.transport import Transport
@@ -40,8 +41,8 @@ class BlsTransport(Transport):
         self._lock = threading.Lock()
         self._closed = False
 
-    def send(self, peer: str, message: PeerMessage) -> None:
-        self._queue_for(peer).put(message)
+    def send(self, peer: str, messages: Sequence[PeerMessage]) -> None:
+        self._queue_for(peer).put(list(messages))
 
     def close(self) -> None:
         self._closed = True
@@ -65,7 +66,7 @@ class BlsTransport(Transport):
             first = outbox.get()
             if first is None:
                 return
-            batch = [first]
+            batch = list(first)
             while True:
                 try:
                     item = outbox.get_nowait()
@@ -74,7 +75,7 @@ class BlsTransport(Transport):
                 if item is None:
                     self._ship(peer, batch)
                     return
-                batch.append(item)
+                batch += item
             self._ship(peer, batch)
 
     def _ship(self, peer: str, messages: list[PeerMessage]) -> None:
