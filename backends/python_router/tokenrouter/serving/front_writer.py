@@ -10,7 +10,7 @@ intake.py): a request leaves the poll before its FINAL goes out, on this same th
 The writer also watches for clients that cancelled or went away: Triton does not pass a client's
 cancellation on to a BLS request, so it cancels the entry's requests by the keys the front gave
 them (an authenticated control call). Each is_cancelled() is an IPC round trip: every live request
-is polled once per CANCEL_POLL_S.
+is polled once per CANCEL_POLL_S, or more seldom once many are live (``cancel_poll_interval``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
-from .responses import CANCEL_POLL_S
+from .responses import CANCEL_POLL_S, cancel_poll_interval
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,8 @@ class FrontWriter:
                 if item is None:
                     return
                 self._take(item)
-            if time.monotonic() - last_poll >= self._cancel_poll_s:  # also when the queue is never empty
+            if time.monotonic() - last_poll >= cancel_poll_interval(len(self._live), self._cancel_poll_s):
+                # also when the queue is never empty
                 self._poll_cancellation()
                 last_poll = time.monotonic()
 

@@ -35,8 +35,11 @@ from .schema import SUBSERVER_OUTPUTS
 log = logging.getLogger(__name__)
 
 # Each is_cancelled() is an IPC round trip to tritonserver: polling 64 streams every 20 ms cost
-# 3200 round trips a second. 0.1 s bounds how late a cancellation is noticed.
+# 3200 round trips a second, and every 0.1 s still 640, more than the responses themselves. So
+# each live sender is polled every CANCEL_POLL_S while few are live, and the polls of many share
+# MAX_CANCEL_POLLS_PER_S (64 streams: each every 0.32 s).
 CANCEL_POLL_S = 0.1
+MAX_CANCEL_POLLS_PER_S = 200.0
 MAX_RESPONSES_PER_S: float = SchedulingSpec.model_fields["max_responses_per_s"].default  # one default, in config.py
 
 
@@ -105,6 +108,11 @@ class _Accepted:
 
 
 Item = Union[_Data, _Error]
+
+
+def cancel_poll_interval(live: int, fastest_s: float = CANCEL_POLL_S) -> float:
+    """Seconds between two cancellation polls of each of ``live`` senders."""
+    return max(fastest_s, live / MAX_CANCEL_POLLS_PER_S)
 
 
 class Pacer:
@@ -185,7 +193,7 @@ class TritonSink:
 
 class ResponseWriter:
     """Sends paced responses from one thread (see the module docstring) and polls client
-    cancellation every ``cancel_poll_s``."""
+    cancellation every ``cancel_poll_s`` (more seldom with many streams: ``cancel_poll_interval``)."""
 
     def __init__(self, pb_utils: Any, subserver: Any, *,
                  max_responses_per_s: float = MAX_RESPONSES_PER_S, cancel_poll_s: float = CANCEL_POLL_S) -> None:
@@ -195,6 +203,9 @@ class ResponseWriter:
         self._pacer = Pacer()
         self._queue: queue.Queue = queue.Queue()
         self._senders: dict[str, Any] = {}
+        # The senders polled for cancellation: not a front's requests (keyed), since Triton never
+        # marks a BLS request cancelled; their front polls its client and cancels them by key.
+        self._polled: dict[str, Any] = {}
         self._keys: dict[str, str] = {}  # request key (chosen by a front, see front_model.py) -> rid
         self._key_of: dict[str, str] = {}  # rid -> its key
         self._lock = threading.Lock()
@@ -202,11 +213,13 @@ class ResponseWriter:
         self._thread.start()
 
     def track(self, rid: str, sender: Any, key: str | None = None) -> None:
-        """Answer ``rid`` through ``sender`` and poll it for cancellation until its final response;
-        ``key``: the name a front gave the request, by which it may cancel it (``rids_of``)."""
+        """Answer ``rid`` through ``sender`` until its final response, polling it for cancellation;
+        ``key``: the name a front gave the request, by which it cancels it (``rids_of``) instead."""
         with self._lock:
             self._senders[rid] = sender
-            if key is not None:
+            if key is None:
+                self._polled[rid] = sender
+            else:
                 self._keys[key], self._key_of[rid] = rid, key
 
     def rids_of(self, keys: list[str]) -> list[str]:
@@ -227,6 +240,7 @@ class ResponseWriter:
     def untrack(self, rid: str) -> None:
         with self._lock:
             self._senders.pop(rid, None)
+            self._polled.pop(rid, None)
             self._keys.pop(self._key_of.pop(rid, ""), None)
 
     def respond(self, rid: str, sender: Any, chunk: Chunk) -> None:
@@ -273,8 +287,8 @@ class ResponseWriter:
                     self._send(now_due)
             for item in self._pacer.due(time.monotonic(), 0.0 if closing else interval):
                 self._send(item)
-            if time.monotonic() - last_poll >= self._cancel_poll_s:  # also under load, when the queue is never empty
-                self._poll_cancellation()
+            if time.monotonic() - last_poll >= cancel_poll_interval(len(self._polled), self._cancel_poll_s):
+                self._poll_cancellation()  # also under load, when the queue is never empty
                 last_poll = time.monotonic()
 
     def _send(self, item: Item) -> None:
@@ -318,8 +332,8 @@ class ResponseWriter:
 
     def _poll_cancellation(self) -> None:
         with self._lock:
-            senders = list(self._senders.items())
-        for rid, sender in senders:
+            polled = list(self._polled.items())
+        for rid, sender in polled:
             if sender.is_cancelled():
                 self.untrack(rid)
                 self._subserver.cancel(rid)
