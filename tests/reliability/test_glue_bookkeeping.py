@@ -99,6 +99,10 @@ class FakeRequest:
         self.faults.step("parameters")
         return json.dumps(self._parameters)
 
+    def requested_output_names(self) -> list[str]:
+        self.faults.step("requested_output_names")
+        return []
+
 
 def fake_pb(faults: Faults) -> SimpleNamespace:
     class TritonError:

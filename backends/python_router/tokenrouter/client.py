@@ -15,7 +15,7 @@ import http.client
 import json
 import queue
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -106,9 +106,11 @@ class GrpcStream:
                                  stream_timeout=stream_timeout_s)
 
     def send(self, arrays: Mapping[str, np.ndarray], model: str = DEFAULT_MODEL, request_id: str = "",
-             parameters: Mapping[str, Any] | None = None) -> None:
-        """Send one request; ``parameters``: Triton request parameters (none by default)."""
-        self.client.async_stream_infer(model, grpc_inputs(arrays), request_id=request_id,
+             parameters: Mapping[str, Any] | None = None, outputs: Sequence[str] | None = None) -> None:
+        """Send one request; ``parameters``: Triton request parameters (none by default);
+        ``outputs``: the outputs wanted (None: all of them)."""
+        wanted = None if outputs is None else [grpcclient.InferRequestedOutput(name) for name in outputs]
+        self.client.async_stream_infer(model, grpc_inputs(arrays), outputs=wanted, request_id=request_id,
                                        enable_empty_final_response=True, parameters=parameters)
 
     def replies(self, timeout_s: float = 60.0) -> Iterator[Reply]:

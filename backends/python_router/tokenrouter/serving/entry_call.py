@@ -24,7 +24,7 @@ from .bls_transport import PEER_INPUT
 from .error_codes import code_of
 from .front_outputs import EntryChunk
 from .peer_auth import cancel_parameters
-from .schema import SUBSERVER_INPUTS, SUBSERVER_OUTPUTS
+from .schema import SUBSERVER_INPUTS
 
 
 class EntryError(Exception):
@@ -58,12 +58,12 @@ class _LateRelease:
 _late_release = _LateRelease()
 
 
-def stream_from_entry(pb_utils: Any, entry: str, inputs: Mapping[str, np.ndarray],
+def stream_from_entry(pb_utils: Any, entry: str, inputs: Mapping[str, np.ndarray], outputs: list[str],
                       parameters: Mapping[str, str]) -> Iterator[EntryChunk]:
-    """The entry's chunks for one generation, the last one final; raises EntryError, also for an
-    error the entry sent as data (error_codes.py)."""
+    """The entry's chunks for one generation (its ``outputs``, of schema.SUBSERVER_OUTPUTS), the
+    last one final; raises EntryError, also for an error the entry sent as data (error_codes.py)."""
     request = pb_utils.InferenceRequest(model_name=entry, inputs=[pb_utils.Tensor(n, a) for n, a in inputs.items()],
-                                        requested_output_names=list(SUBSERVER_OUTPUTS), parameters=dict(parameters))
+                                        requested_output_names=outputs, parameters=dict(parameters))
     responses = request.exec(decoupled=True)
     try:
         yield from _chunks(pb_utils, responses)

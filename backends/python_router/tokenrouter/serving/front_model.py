@@ -25,6 +25,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from ..runtime.request import RequestError
+from .cpu_sampler import CpuSampler
 from .entry_call import EntryError, cancel_at_entry, stream_from_entry
 from .front_outputs import GenerationOutput
 from .front_request import Generation, parse_request
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        self._sampler = CpuSampler.from_env(args["model_name"])  # off unless TOKENROUTER_PROFILE names a folder
         parameters = model_parameters(args)
         codec, tokenizer_path = load_codec(args, parameters)
         self.text = TextInputs(codec, tokenizer_path, parameters)
@@ -77,7 +79,7 @@ class TritonPythonModel:
         """One generation's BLS stream from the entry, turned into the client's outputs."""
         output = GenerationOutput(self.text.codec, generation)
         try:
-            for chunk in stream_from_entry(pb_utils, self.entry, generation.entry_inputs(),
+            for chunk in stream_from_entry(pb_utils, self.entry, generation.entry_inputs(), output.entry_outputs(),
                                            front_request_parameters(self.secret, key)):
                 outputs = output.response(chunk)
                 if outputs is not None:
@@ -93,3 +95,5 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.writer.close()
+        if self._sampler is not None:
+            self._sampler.stop()

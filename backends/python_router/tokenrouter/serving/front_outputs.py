@@ -15,9 +15,9 @@ from typing import Mapping
 import numpy as np
 
 from ..text import TextCodec
-from .detokenize import chunk_text
+from .detokenize import PREFIX_TOKENS, chunk_text
 from .front_request import Generation
-from .schema import CLIENT_OUTPUTS
+from .schema import CLIENT_OUTPUTS, SUBSERVER_OUTPUTS
 
 
 @dataclass
@@ -58,18 +58,29 @@ def chunk_outputs(chunk: EntryChunk, text: str) -> dict[str, np.ndarray]:
 
 
 class GenerationOutput:
-    """One generation's responses: each chunk as it comes when streaming, else one at the end."""
+    """One generation's responses: each chunk as it comes when streaming, else one at the end.
+
+    It keeps the generation's last PREFIX_TOKENS tokens itself, so the entry need not send
+    ``prefix_ids`` (``entry_outputs``)."""
 
     def __init__(self, codec: TextCodec, generation: Generation) -> None:
         self._codec, self._generation = codec, generation
         self._held: list[EntryChunk] = []  # not streaming: everything until the final chunk
+        self._tail: list[int] = []  # streaming: the tokens just before the next chunk
         self._cum_log_prob = 0.0
+
+    def entry_outputs(self) -> list[str]:
+        """The entry's outputs this generation reads (each tensor costs in every process it crosses)."""
+        unread = {"prefix_ids"} if self._generation.spec.return_log_probs else {"prefix_ids", "output_log_probs"}
+        return [name for name in SUBSERVER_OUTPUTS if name not in unread]
 
     def response(self, chunk: EntryChunk) -> dict[str, np.ndarray] | None:
         """The client outputs for ``chunk``; None while a non-streaming generation is not done."""
         generation = self._generation
         if generation.stream:
-            text = chunk_text(self._codec, chunk.prefix.tolist(), chunk.tokens.tolist(), chunk.final)
+            tokens = chunk.tokens.tolist()
+            text = chunk_text(self._codec, self._tail, tokens, chunk.final)
+            self._tail = (self._tail + tokens)[-PREFIX_TOKENS:]
         else:
             self._held.append(chunk)
             if not chunk.final:

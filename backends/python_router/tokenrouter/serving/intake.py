@@ -118,7 +118,8 @@ class SubserverIntake:
         _refuse_a_fully_banned_vocabulary(spec.bad_sequences, self._subserver.engine.vocab_size)
         stream = self._scalar(request, "stream", False)
         rid = f"{self._subserver.name}-{next(self._ids)}"
-        sink = TritonSink(self._writer, rid, sender, bool(stream), self._names, self._subserver.index)
+        sink = TritonSink(self._writer, rid, sender, bool(stream), self._names, self._subserver.index,
+                          request.requested_output_names() or None)
         self._writer.track(rid, sender, key)  # before submit: the loop may answer before submit returns
         try:
             self._subserver.submit(rid, [int(t) for t in prompt.reshape(-1)], spec, sink)

@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Collection, Union
 
 from collections import Counter
 
@@ -65,12 +65,14 @@ class Chunk:
         self.logprobs += later.logprobs
         self.finish_reason, self.large_share = later.finish_reason, later.large_share
 
-    def tensors(self) -> dict[str, np.ndarray]:
-        """The subserver's outputs (schema.SUBSERVER_OUTPUTS, but the error ones), each one batch row."""
+    def tensors(self, wanted: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        """The subserver's outputs (schema.SUBSERVER_OUTPUTS, but the error ones), each one batch
+        row; only those in ``wanted`` (None: all). A tensor costs in every process it crosses."""
         values = {"output_ids": self.tokens, "prefix_ids": self.prefix, "output_models": self.origins,
                   "output_log_probs": self.logprobs, "finish_reason": (self.finish_reason or "").encode(),
                   "large_model_share": self.large_share, "is_final": self.final}
-        return {name: SUBSERVER_OUTPUTS[name].row(value) for name, value in values.items()}
+        return {name: SUBSERVER_OUTPUTS[name].row(value) for name, value in values.items()
+                if wanted is None or name in wanted}
 
 
 def in_band_error(message: str, code_name: str) -> dict[str, np.ndarray]:
@@ -84,6 +86,7 @@ class _Data:
     rid: str
     sender: Any
     chunk: Chunk
+    wanted: frozenset[str] | None = None  # the outputs the caller asked for (None: all)
 
     @property
     def final(self) -> bool:
@@ -163,8 +166,10 @@ class TritonSink:
     """A request's output as decoupled responses: chunks as they come when streaming, else one at the end."""
 
     def __init__(self, writer: "ResponseWriter", rid: str, sender: Any, stream: bool, names: list[str],
-                 entry_index: int) -> None:
+                 entry_index: int, wanted: Collection[str] | None = None) -> None:
+        """``wanted``: the outputs the caller asked for (None: all)."""
         self._writer, self._rid, self._sender, self._stream = writer, rid, sender, stream
+        self._wanted = None if wanted is None else frozenset(wanted)
         self._names = [name.encode() for name in names]
         self._entry_index = entry_index
         self._tail: list[int] = []  # the last PREFIX_TOKENS tokens handed to the writer
@@ -188,7 +193,7 @@ class TritonSink:
             if finish_reason is None:
                 return
             chunk = self._unsent
-        self._writer.respond(self._rid, self._sender, chunk)
+        self._writer.respond(self._rid, self._sender, chunk, self._wanted)
 
 
 class ResponseWriter:
@@ -243,8 +248,8 @@ class ResponseWriter:
             self._polled.pop(rid, None)
             self._keys.pop(self._key_of.pop(rid, ""), None)
 
-    def respond(self, rid: str, sender: Any, chunk: Chunk) -> None:
-        self._queue.put(_Data(rid, sender, chunk))
+    def respond(self, rid: str, sender: Any, chunk: Chunk, wanted: frozenset[str] | None = None) -> None:
+        self._queue.put(_Data(rid, sender, chunk, wanted))
 
     def error(self, rid: str, sender: Any, message: str, code: Any = None, in_band: bool | None = None) -> None:
         """End ``rid`` with an error; ``in_band`` (None: whether a front named the request) sends it
@@ -302,7 +307,8 @@ class ResponseWriter:
             if isinstance(item, _Error):
                 response = self._error_response(item.message, item.code, in_band)
             else:
-                response = pb.InferenceResponse([pb.Tensor(name, array) for name, array in item.chunk.tensors().items()])
+                response = pb.InferenceResponse([pb.Tensor(name, array)
+                                                 for name, array in item.chunk.tensors(item.wanted).items()])
             sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         except Exception as exc:  # the client is gone; the runtime learns it from is_cancelled
             log.debug("response could not be sent", exc_info=True)
