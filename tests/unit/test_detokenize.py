@@ -1,13 +1,18 @@
-"""Stateless chunk detokenization: concatenated chunk texts equal decode(all ids), however cut."""
+"""Chunk detokenization: concatenated chunk texts equal decode(all ids), however cut: stateless (each
+chunk with its prefix_ids, as postprocessing does) and in a front (which keeps its own tail)."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from tokenrouter.protocol import RequestSpec
 from tokenrouter.serving.detokenize import PREFIX_TOKENS, chunk_text, prefix_window
+from tokenrouter.serving.front_outputs import EntryChunk, GenerationOutput
+from tokenrouter.serving.front_request import Generation
 from tokenrouter.text import TextCodec
 
 REAL_TOKENIZER = Path(__file__).resolve().parents[2] / "engines/build/models/qwen2.5-coder-0.5b-instruct"
@@ -73,3 +78,24 @@ def test_prefix_window_holds_at_most_prefix_tokens() -> None:
     assert prefix_window(ids, 0) == []
     assert prefix_window(ids, 3) == [0, 1, 2]
     assert prefix_window(ids, 20) == ids[-PREFIX_TOKENS:]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_a_front_without_prefix_ids_streams_the_same_text(codec: TextCodec, text: str) -> None:
+    """A front keeps its generation's tail itself and asks the entry for no prefix_ids: its chunk
+    texts must still concatenate to the decoded text, however the stream is cut. Catches a tail
+    that is not kept (a split character would come out as U+FFFD or be lost)."""
+    ids = codec.encode_prompt(text)
+    rng = random.Random(text)
+    for _ in range(10):
+        cuts = sorted(rng.sample(range(1, len(ids)), k=rng.randint(0, min(6, len(ids) - 1))))
+        bounds = [0, *cuts, len(ids)]
+        output = GenerationOutput(codec, Generation(0, 0, [1], RequestSpec(prompt_len=1, max_tokens=len(ids)),
+                                                    stream=True, echo_prompt=False))
+        assert "prefix_ids" not in output.entry_outputs() and "output_log_probs" not in output.entry_outputs()
+        texts = []
+        for start, end in zip(bounds, bounds[1:]):
+            chunk = EntryChunk(np.array(ids[start:end]), np.zeros(0), np.array([b"slm"] * (end - start)),
+                               np.zeros(0), "length" if end == len(ids) else "", 0.0, end == len(ids))
+            texts.append(output.response(chunk)["text_output"][0].decode())
+        assert "".join(texts) == text
