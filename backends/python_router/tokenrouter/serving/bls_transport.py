@@ -3,8 +3,8 @@
 One sender thread per peer drains its queue and ships everything queued as one BLS request
 (``peer_message``), so the decoding loop never waits on Triton and a burst of handoffs costs one
 round trip. A step's messages to a peer are queued as one item: a sender that woke on the first of
-them would otherwise ship it alone. Every call carries this server start's secret (peer_auth.py). Calls are blocking
-``exec`` from that thread: never from an event loop, never concurrent
+them would otherwise ship it alone. Every call carries this server start's secret (peer_auth.py).
+Calls are blocking ``exec`` from that thread: never from an event loop, never concurrent
 ``async_exec(decoupled=True)`` (see notes/triton.md).
 """
 
