@@ -32,19 +32,25 @@ _EASY_MARGIN = (14.0, 20.0)
 _EOS_PENALTY = 6.0
 
 
-def _key(*parts: int, tokens: Sequence[int] = ()) -> int:
+_TO_UNIT = 2.0 ** -53
+
+
+def _words(count: int, *parts: int, tokens: Sequence[int] = ()) -> tuple[int, ...]:
+    """``count`` 64-bit words hashed from the integers ``parts`` and ``tokens``."""
     data = struct.pack(f"<{len(parts) + len(tokens)}q", *parts, *tokens)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    return struct.unpack(f"<{count}Q", hashlib.blake2b(data, digest_size=8 * count).digest())
+
+
+def _key(*parts: int, tokens: Sequence[int] = ()) -> int:
+    return _words(1, *parts, tokens=tokens)[0]
 
 
 def _uniforms(*parts: int, tokens: Sequence[int] = ()) -> tuple[float, ...]:
     """Six independent draws from one hash: four uniforms in [0, 1), then two raw 64-bit words."""
-    data = struct.pack(f"<{len(parts) + len(tokens)}q", *parts, *tokens)
-    words = struct.unpack("<6Q", hashlib.blake2b(data, digest_size=48).digest())
+    words = _words(6, *parts, tokens=tokens)
     return (*((w >> 11) * _TO_UNIT for w in words[:4]), *words[4:])
 
 
-_TO_UNIT = 2.0 ** -53
 NOISE_ROWS = 16
 
 

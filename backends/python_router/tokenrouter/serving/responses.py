@@ -208,9 +208,6 @@ class ResponseWriter:
         self._pacer = Pacer()
         self._queue: queue.Queue = queue.Queue()
         self._senders: dict[str, Any] = {}
-        # The senders polled for cancellation: not a front's requests (keyed), since Triton never
-        # marks a BLS request cancelled; their front polls its client and cancels them by key.
-        self._polled: dict[str, Any] = {}
         self._keys: dict[str, str] = {}  # request key (chosen by a front, see front_model.py) -> rid
         self._key_of: dict[str, str] = {}  # rid -> its key
         self._lock = threading.Lock()
@@ -222,9 +219,7 @@ class ResponseWriter:
         ``key``: the name a front gave the request, by which it cancels it (``rids_of``) instead."""
         with self._lock:
             self._senders[rid] = sender
-            if key is None:
-                self._polled[rid] = sender
-            else:
+            if key is not None:
                 self._keys[key], self._key_of[rid] = rid, key
 
     def rids_of(self, keys: list[str]) -> list[str]:
@@ -245,7 +240,6 @@ class ResponseWriter:
     def untrack(self, rid: str) -> None:
         with self._lock:
             self._senders.pop(rid, None)
-            self._polled.pop(rid, None)
             self._keys.pop(self._key_of.pop(rid, ""), None)
 
     def respond(self, rid: str, sender: Any, chunk: Chunk, wanted: frozenset[str] | None = None) -> None:
@@ -292,7 +286,8 @@ class ResponseWriter:
                     self._send(now_due)
             for item in self._pacer.due(time.monotonic(), 0.0 if closing else interval):
                 self._send(item)
-            if time.monotonic() - last_poll >= cancel_poll_interval(len(self._polled), self._cancel_poll_s):
+            polled = len(self._senders) - len(self._key_of)  # see _poll_cancellation
+            if time.monotonic() - last_poll >= cancel_poll_interval(polled, self._cancel_poll_s):
                 self._poll_cancellation()  # also under load, when the queue is never empty
                 last_poll = time.monotonic()
 
@@ -337,8 +332,11 @@ class ResponseWriter:
             log.debug("the final error could not be sent either", exc_info=True)
 
     def _poll_cancellation(self) -> None:
+        """Polls the senders of clients that call this model directly: not a front's requests
+        (keyed), since Triton never marks a BLS request cancelled; their front polls its client
+        and cancels them by key."""
         with self._lock:
-            polled = list(self._polled.items())
+            polled = [(rid, sender) for rid, sender in self._senders.items() if rid not in self._key_of]
         for rid, sender in polled:
             if sender.is_cancelled():
                 self.untrack(rid)
