@@ -24,7 +24,7 @@ from tokenrouter.serving.repository import read_repository, render_repository
 from .paths import model_repository_dir, runtime_dir, shipped_config
 from .supervisor import Supervisor
 from .triton_server import (
-    ROUTER_BACKEND_MODEL, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
+    ADMIN_HEADER, ROUTER_BACKEND_MODEL, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
 )
 
 RUNTIME = runtime_dir()
@@ -112,6 +112,16 @@ def _remove_stale_runtime_dirs() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def write_admin_key(server: TritonServer, folder: Path) -> Path:
+    """The key of the restricted APIs, readable by this user only, for an operator's reload
+    (docs/deploy.md); removed with the folder when the launcher stops."""
+    path = folder / "admin-key"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(server.admin_key)
+    return path
+
+
 def _raise_stop(signum: int, _frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
@@ -154,12 +164,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenrouter serve: {line}", file=sys.stderr)
 
     entry, fronts = _served_models(repository)  # read once: the ready line, the supervisor and the drain
+    key_file = write_admin_key(server, backend_dir.parent)
     try:
         announce(f"{install.binary} with {repository}")
         server = server.start_ready(args.ready_timeout, say=announce)
         front = fronts[0] if fronts else "<model>"
         announce(f"ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{front}/generate, generate_stream), "
                  f"gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. Ctrl-C stops.")
+        announce(f"the repository API (load, unload, index) needs the header {ADMIN_HEADER} with the key in {key_file}")
         supervisor = Supervisor(server, entry, args.ready_timeout, announce)
         try:
             supervisor.run_forever()

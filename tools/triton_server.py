@@ -47,6 +47,12 @@ class StartAborted(TritonError):
     ``boost::interprocess::lock_exception`` in its Python backend aborts the start (SIGABRT)."""
 
 
+# Triton's APIs that no client may use: model-repository is load (with files: code), unload and the
+# index; trace and logging change server-wide settings. Inference, health, metadata, model-config,
+# statistics and shared-memory stay open (TensorRT-LLM's clients and perf_analyzer read them).
+RESTRICTED_APIS = "model-repository,trace,logging"
+ADMIN_HEADER = "tokenrouter-admin-key"
+
 START_ATTEMPTS = 3  # a start that aborts is tried again this many times in all
 
 
@@ -181,6 +187,10 @@ class TritonServer:
     exit_timeout_s: int = 10
     process: subprocess.Popen[str] | None = field(default=None, init=False)
     peer_secret: str = field(default="", init=False, repr=False)
+    # Held by the launcher only: Triton refuses the repository API (load, unload, index), trace and
+    # logging to any request without it (--http-restricted-api / --grpc-restricted-protocol), so no
+    # client can load code into the server or unload a model. Kept across restarts (replace copies it).
+    admin_key: str = field(default_factory=new_secret, repr=False)
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=60), init=False)
     # model -> stub pid, read the moment the server turned ready: what a supervisor must watch (read
     # later, a stub that died in between would be missing from the list and never noticed)
@@ -200,6 +210,8 @@ class TritonServer:
             "--model-control-mode=explicit",
             "--load-model=*",
             f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
         ]
         if self.host is not None:
             args += [f"--http-address={self.host}", f"--grpc-address={self.host}", f"--metrics-address={self.host}"]
@@ -345,8 +357,14 @@ class TritonServer:
             return None
         return next((entry.get("state") for entry in index if entry.get("name") == model), None)
 
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """The header that opens the restricted APIs (the operator's reload, the launcher's drain)."""
+        return {ADMIN_HEADER: self.admin_key}
+
     def _post(self, path: str) -> str:
-        request = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST")
+        request = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST",
+                                         headers=self.admin_headers)
         with urllib.request.urlopen(request, timeout=5) as reply:
             return reply.read().decode()
 

@@ -20,7 +20,8 @@ def test_chat_template_switched_on_by_editing_and_reloading(start_server: StartS
     edited = pbtxt.read_text().replace('string_value: "false"', 'string_value: "true"')
     assert edited != pbtxt.read_text()
     pbtxt.write_text(edited)
-    status, text = http_post(server.http_url, "/v2/repository/models/tokenrouter/load")
+    status, text = http_post(server.http_url, "/v2/repository/models/tokenrouter/load",
+                             headers=server.admin_headers)  # the operator's key: clients are refused
     assert status == 200, text
 
     # the echo double returns the prompt, now ChatML-wrapped (special tokens are not shown), up to

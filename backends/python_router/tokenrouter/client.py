@@ -167,13 +167,14 @@ def http_infer(url: str, arrays: Mapping[str, np.ndarray], model: str = DEFAULT_
         return Reply({o["name"]: result.as_numpy(o["name"]) for o in result.get_response()["outputs"]})
 
 
-def http_post(url: str, path: str, body: Any = None, timeout_s: float = 60.0) -> tuple[int, str]:
-    """POST a JSON body; returns (status, text) whatever the status."""
+def http_post(url: str, path: str, body: Any = None, timeout_s: float = 60.0,
+              headers: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """POST a JSON body (with extra ``headers``); returns (status, text) whatever the status."""
     host, port = url.rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
         connection.request("POST", path, body=json.dumps(body if body is not None else {}),
-                           headers={"Content-Type": "application/json"})
+                           headers={"Content-Type": "application/json", **(headers or {})})
         reply = connection.getresponse()
         return reply.status, reply.read().decode("utf-8")
     finally:
@@ -197,7 +198,7 @@ def http_generate_stream(url: str, body: Mapping[str, Any], model: str = DEFAULT
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
         connection.request("POST", f"/v2/models/{model}/generate_stream", body=json.dumps(dict(body)),
-                           headers={"Content-Type": "application/json"})
+                           headers={"Content-Type": "application/json", **(headers or {})})
         reply = connection.getresponse()
         if reply.status != 200:
             raise InferenceServerException(reply.read().decode("utf-8"))
