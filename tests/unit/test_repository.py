@@ -35,6 +35,8 @@ def rich_config(tmp_path: Path) -> dict:
         "scheduling": {"strategy": "eager_async", "max_wait_ms": 7.5, "max_active": 9},
         "chat_template": True,
         "max_model_len": 1024,
+        # non-default fan-out limits: they must travel through the fronts' parameters and back
+        "frontend": {"max_return_sequences": 3, "max_generations": 5, "max_words": 7},
     }
 
 

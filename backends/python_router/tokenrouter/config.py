@@ -160,6 +160,12 @@ class FrontendSpec(_Strict):
     decoupled: bool = Field(True, description="true: streaming (one response per chunk when stream is true); "
                                               "false: unary, one response per request (gRPC ModelInfer, HTTP /infer)")
     max_batch_size: int = Field(64, ge=1, description="rows per request; each row is its own generation")
+    # Fan-out bounds, checked before anything is allocated: one request must never grow a front
+    # without limit (num_return_sequences 2**31 once took a front to 2.5 GB and the server down).
+    max_return_sequences: int = Field(16, ge=1, description="num_return_sequences per row")
+    max_generations: int = Field(64, ge=1, description="generations per request: rows x num_return_sequences")
+    max_words: int = Field(1024, ge=1, description="words per row in each of stop_words, bad_words, "
+                                                   "embedding_bias_words")
 
     @field_validator("names")
     @classmethod

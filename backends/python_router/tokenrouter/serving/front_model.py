@@ -12,7 +12,8 @@ ensemble could not, since Triton does not pass a client's cancellation on to a c
 a BLS request.
 
 Parameters: ``entry`` (the entry subserver), ``tokenizer``, ``chat_template``, ``max_model_len``,
-``max_input_bytes`` (as preprocessing's).
+``max_input_bytes`` (as preprocessing's), the fan-out limits ``max_return_sequences``,
+``max_generations`` and ``max_words`` (config ``frontend``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..runtime.request import RequestError
 from .cpu_sampler import CpuSampler
 from .entry_call import EntryError, cancel_at_entry, stream_from_entry
 from .front_outputs import GenerationOutput
-from .front_request import Generation, parse_request
+from .front_request import FanOutLimits, Generation, parse_request
 from .front_writer import ClientRequest, FrontWriter
 from .peer_auth import front_request_parameters, new_request_key, server_secret
 from .python_model import load_codec, model_parameters
@@ -43,6 +44,7 @@ class TritonPythonModel:
         parameters = model_parameters(args)
         codec, tokenizer_path = load_codec(args, parameters)
         self.text = TextInputs(codec, tokenizer_path, parameters)
+        self.limits = FanOutLimits.from_parameters(parameters)
         self.entry = parameters.get("entry") or ""
         if not self.entry:
             raise ValueError(f"{args['model_name']}: parameter 'entry' (the entry subserver) is empty")
@@ -61,7 +63,7 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
-            generations = parse_request(inputs, self.text, decoupled=self.decoupled)
+            generations = parse_request(inputs, self.text, decoupled=self.decoupled, limits=self.limits)
         except RequestError as exc:
             self.writer.reject(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
             return

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..config import FrontendSpec
 from ..protocol import RequestSpec
 from ..runtime.request import RequestError, validate_spec_sampling
 from .schema import SPEC_SCALARS, SUBSERVER_INPUTS, flatten_sequences
@@ -92,10 +93,25 @@ class _Row:
         return array.reshape(-1)[0].item()
 
 
-def parse_request(inputs: Mapping[str, np.ndarray], text: TextInputs, *, decoupled: bool) -> list[Generation]:
+@dataclass(frozen=True)
+class FanOutLimits:
+    """How many generations one request may start (config ``frontend``; front parameters)."""
+
+    max_return_sequences: int = FrontendSpec.model_fields["max_return_sequences"].default
+    max_generations: int = FrontendSpec.model_fields["max_generations"].default
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str]) -> "FanOutLimits":
+        return cls(**{name: int(parameters[name]) for name in ("max_return_sequences", "max_generations")
+                      if parameters.get(name)})
+
+
+def parse_request(inputs: Mapping[str, np.ndarray], text: TextInputs, *, decoupled: bool,
+                  limits: FanOutLimits = FanOutLimits()) -> list[Generation]:
     """Every generation of a request; ``inputs``: the client's tensors by name, batch dimension first.
 
-    ``decoupled`` False (a unary front): one response per request, so one generation, no streaming."""
+    ``decoupled`` False (a unary front): one response per request, so one generation, no streaming.
+    The number of generations is checked against ``limits`` before any of them is built."""
     for name in inputs:
         if name in REFUSED:
             raise RequestError(f"{name}: {REFUSED[name]}")
@@ -106,10 +122,25 @@ def parse_request(inputs: Mapping[str, np.ndarray], text: TextInputs, *, decoupl
     if not decoupled and rows > 1:
         raise RequestError(f"a batch of {rows} rows needs a decoupled front (one response per row); this one is "
                            "unary: send one row per request")
-    return [generation for r in range(rows) for generation in _row_generations(_Row(inputs, r), r, text, decoupled)]
+    counts = [_sequence_count(_Row(inputs, r), limits) for r in range(rows)]
+    if sum(counts) > limits.max_generations:
+        raise RequestError(f"{rows} rows x num_return_sequences make {sum(counts)} generations; the limit per request "
+                           f"is {limits.max_generations} (frontend.max_generations)")
+    return [generation for r, count in enumerate(counts)
+            for generation in _row_generations(_Row(inputs, r), r, count, text, decoupled)]
 
 
-def _row_generations(row: _Row, index: int, text: TextInputs, decoupled: bool) -> list[Generation]:
+def _sequence_count(row: _Row, limits: FanOutLimits) -> int:
+    count = row.value("num_return_sequences", 1)
+    if count < 1:
+        raise RequestError(f"num_return_sequences must be >= 1, got {count}")
+    if count > limits.max_return_sequences:
+        raise RequestError(f"num_return_sequences {count} is over the limit of {limits.max_return_sequences} "
+                           "(frontend.max_return_sequences)")
+    return count
+
+
+def _row_generations(row: _Row, index: int, count: int, text: TextInputs, decoupled: bool) -> list[Generation]:
     for name, (off, why) in OFF_ONLY.items():
         value = row.value(name, off)
         if value != off:
@@ -117,9 +148,6 @@ def _row_generations(row: _Row, index: int, text: TextInputs, decoupled: bool) -
     length_penalty = row.value("length_penalty", 1.0)
     if not math.isfinite(length_penalty):
         raise RequestError(f"length_penalty must be a finite number (it has no effect without beams), got {length_penalty}")
-    count = row.value("num_return_sequences", 1)
-    if count < 1:
-        raise RequestError(f"num_return_sequences must be >= 1, got {count}")
     stream = bool(row.value("stream", False))
     if not decoupled and (stream or count > 1):
         what = "stream true" if stream else f"num_return_sequences {count}"

@@ -181,6 +181,9 @@ def _shim(module: str) -> str:
     )
 
 
+FAN_OUT_LIMITS = ("max_return_sequences", "max_generations", "max_words")  # FrontendSpec's, front parameters
+
+
 def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template: bool,
                     max_model_len: int | None = None, frontend: FrontendSpec | None = None) -> None:
     """The fronts (what clients call) and the standalone preprocessing and postprocessing, in
@@ -193,8 +196,9 @@ def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template
     frontend = frontend or FrontendSpec()
     text = {"tokenizer": tokenizer, "chat_template": chat_template, "max_model_len": max_model_len,
             "max_input_bytes": None}
+    limits = {name: getattr(frontend, name) for name in FAN_OUT_LIMITS}
     for name in frontend.names:
-        write_front(repo_dir, name, {**text, "entry": entry}, decoupled=frontend.decoupled,
+        write_front(repo_dir, name, {**text, **limits, "entry": entry}, decoupled=frontend.decoupled,
                     max_batch_size=frontend.max_batch_size)
     pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS.values(),
                        outputs=PREPROCESSING_OUTPUTS.values(), parameters=text)
@@ -406,6 +410,8 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
         "max_model_len": json_param("max_model_len"),
         # the first front's config speaks for all (each front reads its own mode from its own config)
         "frontend": {"names": fronts, "decoupled": first_front.model_transaction_policy.decoupled,
-                     "max_batch_size": first_front.max_batch_size} if first_front else {"names": fronts},
+                     "max_batch_size": first_front.max_batch_size,
+                     **{name: int(first_front.parameters[name].string_value) for name in FAN_OUT_LIMITS
+                        if name in first_front.parameters}} if first_front else {"names": fronts},
     }
     return load_config(raw)

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..config import FrontendSpec
 from ..runtime.request import RequestError
 from ..text import TextCodec
 from .input_limits import input_byte_cap
@@ -47,6 +48,7 @@ class TextInputs:
         self.vocab_size = len(codec.tokenizer)
         self.default_end_ids = codec.end_ids(generation_eos(tokenizer_path))
         self.max_input_bytes = input_byte_cap(parameters, tokenizer_path)
+        self.max_words = int(parameters.get("max_words") or FrontendSpec.model_fields["max_words"].default)
 
     def prompt_ids(self, texts: np.ndarray | None) -> list[int]:
         """One row's ``text_input`` as the prompt's token ids (chat template applied when configured)."""
@@ -59,6 +61,8 @@ class TextInputs:
 
     def words(self, array: np.ndarray | None, name: str) -> list[str]:
         """One row of a list of words (stop_words, bad_words, embedding_bias_words), empty ones kept."""
+        if array is not None and array.size > self.max_words:  # before any copy: empty words weigh 0 bytes
+            raise RequestError(f"{name} holds {array.size} words; the limit is {self.max_words} (frontend.max_words)")
         raw = [] if array is None else list(array.reshape(-1))
         total = sum(len(word) for word in raw if isinstance(word, bytes))
         if total > self.max_input_bytes:
