@@ -1,0 +1,118 @@
+"""No client reaches Triton's model control: load (with files: code), unload and the repository
+index are refused over HTTP and gRPC without the launcher's key; with it they work (which proves
+that the refusal is the key check, not a broken call). Hostile fan-out is refused before any work.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import json
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from e2e.test_routing_server import PROMPTS, stream_ids
+from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
+from tokenrouter_tools.triton_server import ADMIN_HEADER
+
+PROBE = "uploaded_probe"
+PROBE_CONFIG = json.dumps({
+    "name": PROBE, "backend": "python", "max_batch_size": 0,
+    "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [1]}],
+    "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]}],
+})
+PROBE_CODE = b'''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                            .as_numpy() + 1)]) for r in requests]
+'''
+LOAD_WITH_FILES = {"parameters": {"config": PROBE_CONFIG,
+                                  "file:1/model.py": base64.b64encode(PROBE_CODE).decode()}}
+
+
+def _refused(status: int, text: str) -> None:
+    assert status == 403, (status, text)
+    assert ADMIN_HEADER in text, text  # Triton names the header it expects
+
+
+def _front_serves(server) -> None:
+    reply = http_generate(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 4})
+    assert len(reply["output_ids"]) == 4
+
+
+def test_http_load_with_files_unload_and_index_are_refused_without_the_key(routing_server):
+    _refused(*http_post(routing_server.http_url, f"/v2/repository/models/{PROBE}/load", LOAD_WITH_FILES))
+    _refused(*http_post(routing_server.http_url, "/v2/repository/models/tokenrouter/unload"))
+    _refused(*http_post(routing_server.http_url, "/v2/repository/index"))
+    _refused(*http_post(routing_server.http_url, "/v2/repository/index", headers={ADMIN_HEADER: "a guess"}))
+    assert routing_server.model_state(PROBE) is None  # the launcher (with the key) sees no such model
+    assert routing_server.model_state("tokenrouter") == "READY"
+    _front_serves(routing_server)
+
+
+def test_grpc_load_with_files_unload_and_index_are_refused_without_the_key(routing_server):
+    with grpcclient.InferenceServerClient(routing_server.grpc_url) as client:
+        for call in (lambda: client.load_model(PROBE, config=PROBE_CONFIG, files={"file:1/model.py": PROBE_CODE}),
+                     lambda: client.unload_model("tokenrouter"),
+                     lambda: client.get_model_repository_index()):
+            with pytest.raises(InferenceServerException, match=ADMIN_HEADER):
+                call()
+        assert client.is_model_ready("tokenrouter")
+    assert routing_server.model_state(PROBE) is None
+    _front_serves(routing_server)
+
+
+def test_with_the_launchers_key_the_same_load_with_files_works(routing_server):
+    status, text = http_post(routing_server.http_url, f"/v2/repository/models/{PROBE}/load", LOAD_WITH_FILES,
+                             headers=routing_server.admin_headers)
+    assert status == 200, text
+    try:
+        with grpcclient.InferenceServerClient(routing_server.grpc_url) as client:
+            probe = grpcclient.InferInput("IN", [1], "INT32")
+            probe.set_data_from_numpy(np.array([41], dtype=np.int32))
+            assert client.infer(PROBE, [probe]).as_numpy("OUT").tolist() == [42]
+    finally:
+        status, text = http_post(routing_server.http_url, f"/v2/repository/models/{PROBE}/unload",
+                                 headers=routing_server.admin_headers)
+        assert status == 200, text
+
+
+HOSTILE = [
+    ("num_return_sequences", inputs(text_input=PROMPTS[0], max_tokens=4, stream=True,
+                                    num_return_sequences=2**31 - 1), "limit of 16"),
+    ("rows x num_return_sequences", {name: np.repeat(array, 8, axis=0) for name, array in
+                                     inputs(text_input=PROMPTS[0], max_tokens=4, stream=True,
+                                            num_return_sequences=16).items()}, "the limit per request is 64"),
+    ("stop_words", {**inputs(text_input=PROMPTS[0], max_tokens=4, stream=True),
+                    "stop_words": np.array([[b""] * 200_000], dtype=object)}, "limit is 1024"),
+]
+
+
+@pytest.mark.parametrize("what, arrays, message", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_fan_out_is_refused_at_once_while_bystanders_finish(routing_server, what, arrays, message):
+    expected = stream_ids(routing_server, PROMPTS[1], max_tokens=24, min_tokens=24)  # greedy, alone
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        bystanders = [pool.submit(stream_ids, routing_server, PROMPTS[1], max_tokens=24, min_tokens=24)
+                      for _ in range(4)]
+        start = time.monotonic()
+        with pytest.raises(InferenceServerException, match=message) as refused:
+            grpc_stream(routing_server.grpc_url, arrays)
+        took = time.monotonic() - start
+        assert [b.result(timeout=300) for b in bystanders] == [expected] * 4
+    assert took < 1.0, f"{what}: refused after {took:.2f} s"
+    assert routing_server.process.poll() is None
+
+
+def test_a_hostile_num_return_sequences_over_http_is_a_400(routing_server):
+    start = time.monotonic()
+    status, text = http_post(routing_server.http_url, "/v2/models/tokenrouter/generate",
+                             {"text_input": PROMPTS[0], "max_tokens": 4, "num_return_sequences": 2**31 - 1})
+    assert (status, time.monotonic() - start < 1.0) == (400, True), text
+    assert "num_return_sequences 2147483647 is over the limit of 16" in json.loads(text)["error"]
