@@ -408,7 +408,9 @@ class TritonServer:
 
 
 SHM_DIR = Path("/dev/shm")
-SHM_PATTERN = "triton_python_backend_shm_region_*"
+# The Python backend's regions, and those of python_router models (a Python-based backend names its
+# regions after itself: triton_python_router_backend_shm_region_*, which leaked on every stop)
+SHM_PATTERN = "triton_python*_backend_shm_region_*"
 
 
 def _age_s(path: Path) -> float:
