@@ -198,7 +198,7 @@ def http_generate_stream(url: str, body: Mapping[str, Any], model: str = DEFAULT
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
         connection.request("POST", f"/v2/models/{model}/generate_stream", body=json.dumps(dict(body)),
-                           headers={"Content-Type": "application/json", **(headers or {})})
+                           headers={"Content-Type": "application/json"})
         reply = connection.getresponse()
         if reply.status != 200:
             raise InferenceServerException(reply.read().decode("utf-8"))
