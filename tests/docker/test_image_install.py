@@ -56,9 +56,15 @@ def index(tmp_path_factory) -> Path:
     _wheel(folder, "vllm", IMAGE_VLLM, [f"torch=={IMAGE_TORCH}", "transformers>=4.56"])
     for requirement in map(Requirement, dependencies):
         if canonicalize_name(requirement.name) not in KEPT:
-            _wheel(folder, requirement.name, "1.0", extras=sorted(requirement.extras))
+            _wheel(folder, requirement.name, _a_version_within(requirement), extras=sorted(requirement.extras))
     _wheel(folder, PROJECT, "0.1.0", dependencies)
     return folder
+
+
+def _a_version_within(requirement: Requirement) -> str:
+    """A version the requirement accepts: its stated bounds, then 1.0 (a bare name takes any)."""
+    candidates = [spec.version for spec in requirement.specifier] + ["1.0"]
+    return next(version for version in candidates if requirement.specifier.contains(version))
 
 
 def _pip(python: Path) -> list[str]:
