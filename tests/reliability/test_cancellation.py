@@ -1,12 +1,14 @@
-"""A client that cancels or goes away stops the work on every model within a second.
+"""A client that cancels or goes away stops the work on every model within seconds.
 
 Each test starts requests that cannot end on their own for many seconds (max_tokens = min_tokens =
 LONG: no end id may be sampled before, and the tiny pair needs over 10 s for that many tokens for
-several streams), cancels them after their first response, and then demands, within 2 s: every one
+several streams), cancels them after their first response, and then demands, within 5 s: every one
 counted as `cancelled` by the entry (tokenrouter_requests_total{reason="cancelled"}) and both models
 idle (no KV block, no running, pending or active request). So the bug they catch is a cancellation
 that does not reach the entry subserver (Triton 2.51's ensemble never passed it on, and the
-requests ran to their natural end): natural completion cannot pass them.
+requests ran to their natural end): natural completion cannot pass them, however slow the machine,
+since a request that runs to its end is counted as `length`, not `cancelled`. (5 s, not 1: the
+metrics refresh twice a second, and a loaded CI machine took over 2 s.)
 
 What Triton 2.51 reports, seen here: a cancelled gRPC stream, a closed channel or a killed client,
 a gRPC deadline (stream or unary) and a dropped HTTP generate_stream connection mark the request
@@ -31,7 +33,7 @@ from e2e.test_routing_server import MAX_MODEL_LEN, PROMPTS, metrics, stream_ids,
 from tokenrouter.client import GrpcStream, batch, grpc_infer, http_generate_stream, inputs
 
 LONG = MAX_MODEL_LEN - 32  # tokens each request is made to write (the context's limit allows no more)
-WITHIN_S = 2.0
+WITHIN_S = 5.0
 CANCELLED = 'tokenrouter_requests_total{model="slm",reason="cancelled"}'
 
 

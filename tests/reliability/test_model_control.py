@@ -106,7 +106,9 @@ def test_hostile_fan_out_is_refused_at_once_while_bystanders_finish(routing_serv
             grpc_stream(routing_server.grpc_url, arrays)
         took = time.monotonic() - start
         assert [b.result(timeout=300) for b in bystanders] == [expected] * 4
-    assert took < 1.0, f"{what}: refused after {took:.2f} s"
+    # Unbounded, these ran for minutes and restarted the server; the bound leaves room for
+    # serializing 200 000 strings beside 4 streams on a loaded 2-core machine (1.5 s seen in CI).
+    assert took < 3.0, f"{what}: refused after {took:.2f} s"
     assert routing_server.process.poll() is None
 
 
