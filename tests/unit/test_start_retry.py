@@ -1,5 +1,6 @@
 """The launcher's start: a tritonserver killed by a signal before it is ready is started again;
-one that exits with a code (a repository that cannot load) is not.
+one that exits with a code (a repository that cannot load) is not; one that never gets ready is
+stopped with everything it started.
 
 The stand-in binary below plays tritonserver's part as the launcher sees it from outside (a
 process that dies, or answers /v2/health/ready on its HTTP port); what is tested is the
@@ -9,14 +10,16 @@ launcher's retry rule, not Triton.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tokenrouter_tools.triton_server import START_ATTEMPTS, Ports, StartAborted, TritonError, TritonInstall, TritonServer
+from tokenrouter_tools.triton_server import (START_ATTEMPTS, Ports, StartAborted, TritonError, TritonInstall,
+                                            TritonServer, process_alive)
 
 STAND_IN = '''#!{python}
-import http.server, os, signal, sys
+import http.server, os, signal, subprocess, sys, time
 from pathlib import Path
 
 runs = Path({runs!r})
@@ -25,6 +28,9 @@ if len(runs.read_text()) <= {aborts}:
     os.kill(os.getpid(), signal.{signal})  # as the bundled 2.51 does on its lock_exception
 if {exit_code}:
     sys.exit({exit_code})
+if {hang}:  # never ready, with a child in its process group (as a stub is)
+    Path({runs!r} + ".child").write_text(str(subprocess.Popen(["sleep", "600"]).pid))
+    time.sleep(600)
 port = int(next(a for a in sys.argv if a.startswith("--http-port=")).split("=")[1])
 
 
@@ -41,11 +47,12 @@ http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
 '''
 
 
-def _server(tmp_path: Path, *, aborts: int, exit_code: int = 0, sig: str = "SIGABRT") -> tuple[TritonServer, Path]:
+def _server(tmp_path: Path, *, aborts: int, exit_code: int = 0, sig: str = "SIGABRT",
+            hang: bool = False) -> tuple[TritonServer, Path]:
     runs = tmp_path / "runs"
     binary = tmp_path / "tritonserver"
     binary.write_text(STAND_IN.format(python=sys.executable, runs=str(runs), aborts=aborts, exit_code=exit_code,
-                                      signal=sig))
+                                      signal=sig, hang=hang))
     binary.chmod(0o755)
     install = TritonInstall(binary=binary, backends=tmp_path)
     return TritonServer(tmp_path, tmp_path, install, Ports.free()), runs
@@ -77,3 +84,17 @@ def test_a_start_that_exits_with_a_code_is_not_made_again(tmp_path: Path) -> Non
     with pytest.raises(TritonError, match="exited with code 1 before it was ready") as raised:
         server.start_ready(30)
     assert not isinstance(raised.value, StartAborted) and runs.read_text() == "x"
+
+
+def test_a_start_that_never_gets_ready_leaves_no_process(tmp_path: Path) -> None:
+    """Catches a timed-out start whose processes stay behind (a test fixture's failed start left
+    ~0.5 GB per stub running): the server and its child are gone when the error is raised."""
+    server, runs = _server(tmp_path, aborts=0, hang=True)
+    with pytest.raises(TritonError, match="not ready after 2 s"):
+        server.start_ready(2)
+    child = int(Path(f"{runs}.child").read_text())
+    assert server.process.poll() is not None
+    deadline = time.monotonic() + 5  # SIGKILLed with the group; reaped by init
+    while process_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not process_alive(child)
