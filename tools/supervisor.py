@@ -5,6 +5,9 @@ ready, and cannot reload it either: a `load` of the model is a no-op and an `unl
 finishes (seen here; docs/reliability.md). So the launcher watches the stub processes itself
 and, when one dies, ends the requests in flight with a clear error (through the entry model,
 when that one is still alive) and restarts the whole server on the same ports.
+
+It never gives up on a repository that served once: restarts that come too often (a crash loop)
+and restarts that fail are spaced by a growing delay, each one said in the log, and tried again.
 """
 
 from __future__ import annotations
@@ -18,49 +21,78 @@ from .triton_server import TritonError, TritonServer, process_alive
 
 WATCH_PERIOD_S = 0.25
 ERRORS_GRACE_S = 0.5  # for the errors of the requests in flight to reach their clients
-MAX_RESTARTS, RESTART_WINDOW_S = 5, 600.0  # more than that: something is wrong for good, give up
+# Up to FREE_RESTARTS restarts within RESTART_WINDOW_S go at once; each one past that waits twice as
+# long as the one before, from BACKOFF_FIRST_S up to BACKOFF_MAX_S: a crash loop does not spin the
+# CPU, and a server killed now and then is back as fast as it starts.
+FREE_RESTARTS, RESTART_WINDOW_S = 5, 600.0
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 1.0, 15.0
 
 
 class Supervisor:
     def __init__(self, server: TritonServer, entry: str | None, ready_timeout_s: float,
                  say: Callable[[str], None]) -> None:
-        """``server``: started and ready. ``entry``: the entry subserver (None: not a TokenRouter
-        repository, nothing to end by hand)."""
+        """``server``: started and ready; the models that have a Python stub now must have one
+        after every restart. ``entry``: the entry subserver (None: not a TokenRouter repository,
+        nothing to end by hand)."""
         self.server, self._entry, self._ready_timeout_s, self._say = server, entry, ready_timeout_s, say
+        self._models = frozenset(server.ready_stubs)
         self._restarts: deque[float] = deque()
 
     def run_forever(self) -> None:
-        """Watch and restart until interrupted (by the caller's signal handler) or until restarts
-        fail: raises TritonError then."""
+        """Watch and restart until interrupted (by the caller's signal handler)."""
         while True:
             self._restart(*self._watch())
 
     def _watch(self) -> tuple[str, list[str]]:
         """Block until something is wrong; returns what, and which models lost their stub."""
-        stubs = self.server.ready_stubs
+        stubs = dict(self.server.ready_stubs)  # this server's: a restart made new processes
+        missing = sorted(self._models - set(stubs))
+        if missing:  # e.g. an unload that landed while the server was starting
+            return f"model {', '.join(missing)} has no Python stub (not loaded)", missing
         while True:
             time.sleep(WATCH_PERIOD_S)
             code = self.server.process.poll()
             if code is not None:
                 return f"tritonserver exited with code {code}", list(stubs)
             dead = sorted(model for model, pid in stubs.items() if not process_alive(pid))
-            if dead:
-                return f"the Python stub of model {', '.join(dead)} died", dead
+            if not dead:
+                continue
+            # An operator's reload (the repository API, with the admin key) starts the new stub
+            # before it ends the old one: that model serves, watch its new process.
+            now = self.server.stubs()
+            if all(now.get(model, stubs[model]) != stubs[model] for model in dead):
+                stubs.update({model: now[model] for model in dead})
+                self._say(f"model {', '.join(dead)} was reloaded: watching its new stub")
+                continue
+            return f"the Python stub of model {', '.join(dead)} died", dead
 
     def _restart(self, cause: str, dead: list[str]) -> None:
-        now = time.monotonic()
-        self._restarts.append(now)
-        while self._restarts[0] < now - RESTART_WINDOW_S:
-            self._restarts.popleft()
-        if len(self._restarts) > MAX_RESTARTS:
-            raise TritonError(f"{cause}; {MAX_RESTARTS} restarts within {RESTART_WINDOW_S:g} s already: giving up")
-        self._say(f"{cause}; ending the requests in flight and restarting tritonserver")
+        delay = self._next_delay_s()
+        self._say(f"{cause}; ending the requests in flight and restarting tritonserver"
+                  + (f" in {delay:g} s ({len(self._restarts)} restarts within {RESTART_WINDOW_S:g} s)" if delay else ""))
         if self._entry is not None and self._entry not in dead:
             if self.server.end_in_flight(self._entry, f"{cause}; the server is restarting, try again"):
                 time.sleep(ERRORS_GRACE_S)
         # Killed at once: the requests the entry could not end (it died, or the server did) see the
         # connection close now rather than after a graceful shutdown, and the restart starts sooner.
         self.server.stop(grace_s=0.0)
-        self.server = dataclasses.replace(self.server)  # same settings and ports, a new process
-        self.server = self.server.start_ready(self._ready_timeout_s, say=self._say)
-        self._say("ready again")
+        while True:
+            time.sleep(delay)
+            self.server = dataclasses.replace(self.server)  # same settings and ports, a new process
+            try:
+                self.server = self.server.start_ready(self._ready_timeout_s, say=self._say)
+            except TritonError as failed:  # the failed start left nothing behind
+                delay = self._next_delay_s()
+                self._say(f"the restart failed ({str(failed).splitlines()[0]}); trying again in {delay:g} s")
+                continue
+            self._say("ready again")
+            return
+
+    def _next_delay_s(self) -> float:
+        """Counts a restart; how long to wait before it."""
+        now = time.monotonic()
+        self._restarts.append(now)
+        while self._restarts[0] < now - RESTART_WINDOW_S:
+            self._restarts.popleft()
+        over = len(self._restarts) - FREE_RESTARTS
+        return 0.0 if over <= 0 else min(BACKOFF_FIRST_S * 2 ** (over - 1), BACKOFF_MAX_S)
