@@ -9,6 +9,7 @@ metrics port shows the routing. Cancellation: test_cancellation.py.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import re
 import threading
@@ -160,6 +161,55 @@ def test_sampled_output_is_reproducible_and_matches_embedded(server, embedded):
     assert ids == expected.token_ids and models == expected.models
 
 
+SEEDED = dict(max_tokens=16, min_tokens=16, temperature=1.0, top_p=1.0)
+SEED_PATHS = {  # every way a client sends a seed -> the tokens served for PROMPTS[1]
+    "grpc stream, seed": lambda server, seed: stream_ids(server, PROMPTS[1], seed=seed, **SEEDED)[0],
+    "grpc stream, random_seed": lambda server, seed: stream_ids(server, PROMPTS[1], random_seed=seed, **SEEDED)[0],
+    "http generate, seed": lambda server, seed: http_generate(server.http_url, {
+        "text_input": PROMPTS[1], "seed": seed, "exclude_input_in_output": True, **SEEDED})["output_ids"],
+    "unary grpc infer, random_seed": lambda server, seed: grpc_infer(
+        server.grpc_url, inputs(text_input=PROMPTS[1], random_seed=seed, exclude_input_in_output=True, **SEEDED),
+        UNARY).ids,
+    "second row of a batch, seed": lambda server, seed: [i for r in grpc_stream(server.grpc_url, batch(
+        inputs(text_input=PROMPTS[0], seed=seed + 100, stream=True, **SEEDED),
+        inputs(text_input=PROMPTS[1], seed=seed, stream=True, **SEEDED))) if r["batch_index"][0][0] == 1 for i in r.ids],
+}
+
+
+@pytest.mark.parametrize("path", list(SEED_PATHS))
+def test_a_seed_reaches_the_sampler_on_every_path(server, embedded, path):
+    """Sampled output (temperature 1, top_p 1) equals the embedded engine's for the same seed, for two seeds,
+    on each way a client can send one, through the real subservers. Catches a front that drops a
+    seed, reads the wrong name, or gives a row another row's seed (the echo double ignores seeds)."""
+    want = {seed: embedded.generate(PROMPTS[1], seed=seed, **SEEDED)[0].token_ids for seed in (21, 22)}
+    assert want[21] != want[22]  # the seed decides the output, so a lost one shows
+    for seed, tokens in want.items():
+        assert SEED_PATHS[path](server, seed) == tokens, seed
+
+
+def tensorrt_llm_samples(sent: dict) -> bool:
+    """Whether TensorRT-LLM samples (rather than decodes greedily) for these sampling inputs: a
+    missing top_k or top_p reads as 0, a missing temperature as 1; top_k 0 with top_p 0 is greedy."""
+    return sent.get("temperature", 1.0) > 0 and (sent.get("top_k", 0) > 0 or sent.get("top_p", 0.0) > 0)
+
+
+SAMPLING_INPUTS = [{name: value for name, value in zip(("temperature", "top_k", "top_p"), values) if value is not None}
+                   for values in itertools.product((None, 0.0, 0.7), (None, 0, 5), (None, 0.0, 0.9))]
+
+
+@pytest.mark.parametrize("sent", SAMPLING_INPUTS, ids=lambda sent: ",".join(f"{k}={v}" for k, v in sent.items()) or "none")
+def test_greedy_or_sampled_as_tensorrt_llm_decides(server, embedded, sent):
+    """Every combination of temperature / top_k / top_p sent or not: the embedded engine's greedy
+    tokens where TensorRT-LLM is greedy, other tokens where it samples (same seed, so the same
+    routing). Catches temperature alone turning sampling on (TensorRT-LLM's ensemble client always
+    sends 1.0) and a missing top_p read as 1."""
+    for seed in (31, 32):
+        served = http_generate(server.http_url, {"text_input": PROMPTS[2], "max_tokens": 16, "min_tokens": 16,
+                                                 "seed": seed, "exclude_input_in_output": True, **sent})["output_ids"]
+        greedy = embedded.generate(PROMPTS[2], max_tokens=16, min_tokens=16, seed=seed)[0].token_ids
+        assert (served != greedy) == tensorrt_llm_samples(sent), seed
+
+
 def test_http_generate_stream_text_adds_up(server, embedded):
     expected = embedded.generate(PROMPTS[4], max_tokens=16, seed=2)[0]
     events = list(http_generate_stream(server.http_url, {"text_input": PROMPTS[4], "max_tokens": 16,
@@ -186,7 +236,9 @@ def test_metrics_count_exactly_what_one_request_did(server):
     Catches counters that move by the wrong amount, which "> 0" checks let through."""
     time.sleep(0.7)  # the previous test's last refresh
     before = metrics(server)
-    _, models, _ = stream_ids(server, PROMPTS[5], max_tokens=24, random_seed=9)
+    started = time.monotonic()
+    _, models, reason = stream_ids(server, PROMPTS[5], max_tokens=24, min_tokens=24, random_seed=9)
+    took = time.monotonic() - started
     time.sleep(0.7)  # one metrics refresh
     after = metrics(server)
 
@@ -205,6 +257,13 @@ def test_metrics_count_exactly_what_one_request_did(server):
     assert 0 < after['tokenrouter_large_model_token_share{model="slm"}'] < 1
     steps = sum(v for k, v in after.items() if k.startswith("tokenrouter_batch_size_count"))
     assert steps - sum(v for k, v in before.items() if k.startswith("tokenrouter_batch_size_count")) >= len(models)
+    assert reason == "length" and delta('tokenrouter_requests_total{model="slm",reason="length"}') == 1
+    assert delta('tokenrouter_queue_wait_seconds_count{model="slm"}') == 1  # admitted once
+    for model in ("slm", "llm"):  # both ran steps for it, within its time
+        assert 0 < delta(f'tokenrouter_busy_seconds_total{{model="{model}"}}') < took, model
+    # every handoff is one peer call at least (progress and finish messages add more)
+    sends = sum(delta(f'tokenrouter_peer_send_seconds_count{{model="{model}"}}') for model in ("slm", "llm"))
+    assert sends >= 2 * runs - ends_on_llm
 
 
 BAD_INPUTS = [
@@ -274,18 +333,22 @@ def trt_llm_metrics(server) -> dict[tuple[str, str, str], float]:
     return samples
 
 
+GAUGES = ("tokenrouter_running_requests", "tokenrouter_pending_requests", "tokenrouter_active_requests",
+          "tokenrouter_kv_blocks_used")
+
+
 def test_tensorrt_llm_dashboard_metrics_follow_a_request(server, config):
     """The nv_trt_llm_* families a TensorRT-LLM dashboard reads: the pool size and limits from the
     config at rest, a held request and used blocks while a long stream decodes, and all back to
     rest after it. Catches families that are not refreshed, swapped used/free, or wrong labels."""
     kv_blocks = {name: spec["kv_cache_tokens"] // spec["block_size"] for name, spec in config["models"].items()}
     done = threading.Event()
-    worker = threading.Thread(target=lambda: (stream_ids(server, PROMPTS[1], max_tokens=200, random_seed=3),
-                                              done.set()))
+    worker = threading.Thread(target=lambda: (stream_ids(server, PROMPTS[1], max_tokens=200, min_tokens=200,
+                                                         random_seed=3), done.set()))
     assert wait_for_idle_pools(server) == {}
     rest = trt_llm_metrics(server)
     worker.start()
-    busy = None
+    busy, peaks = None, {}
     while not done.is_set():
         sample = trt_llm_metrics(server)
         for model, blocks in kv_blocks.items():
@@ -294,9 +357,19 @@ def test_tensorrt_llm_dashboard_metrics_follow_a_request(server, config):
         if sample["nv_trt_llm_request_metrics", "slm", "active"] >= 1 and \
                 sample["nv_trt_llm_kv_cache_block_metrics", "slm", "used"] > 0:
             busy = sample
+        for key, value in metrics(server).items():  # and TokenRouter's own gauges
+            if key.startswith(GAUGES):
+                peaks[key] = max(peaks.get(key, 0.0), value)
         time.sleep(0.1)
     worker.join()
     assert busy is not None, "the metrics never showed the running request"
+    # Routing 30 %: both models counted it active and held KV blocks for it the whole time; it ran on
+    # one model while the other kept its KV (pending). Which model a twice-a-second refresh catches
+    # in which state varies, so those two gauges are asked of either model.
+    for gauge in GAUGES:
+        per_model = [peaks.get(f'{gauge}{{model="{model}"}}', 0) for model in ("slm", "llm")]
+        wanted = max if gauge in ("tokenrouter_running_requests", "tokenrouter_pending_requests") else min
+        assert wanted(per_model) >= 1, (gauge, peaks)
     assert wait_for_idle_pools(server) == {}
     time.sleep(0.7)  # one refresh after the pools emptied
     after = trt_llm_metrics(server)
