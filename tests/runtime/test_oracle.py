@@ -68,12 +68,12 @@ def test_routed_output_equals_naive_reference(key, strategy, slm_b, llm_b, tiny_
             # Exact lengths, from the reference's own stop rule: an off-by-one in the runtime's
             # rule (21 tokens for max_tokens 20) changes the output and is caught above too.
             assert len(tokens) == MAX_TOKENS if reason == "length" else len(tokens) <= MAX_TOKENS
-        _assert_no_token_fed_twice(engine, prompts, results)
+        assert_no_token_fed_twice(engine, prompts, results)
         if key not in ("slm_only",):
             assert any(result.large_model_share > 0 for result in results), "the policy never routed"
 
 
-def _assert_no_token_fed_twice(engine: TokenRouter, prompts, results) -> None:
+def assert_no_token_fed_twice(engine: TokenRouter, prompts, results) -> None:
     """Each model is fed each context position at most once: pending requests resume by an extend
     of the peer's suffix, never by recomputing the prefix. Request ids follow submission order."""
     context_len = {f"req-{i}": len(prompt) + len(result.token_ids)

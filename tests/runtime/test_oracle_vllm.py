@@ -2,11 +2,14 @@
 (transformers forwards) token for token, for every shipped policy and every strategy, with both
 models on vLLM (each in its own process). Catches: a wrong chunk on resume (the foreign tokens or
 the kept/dropped sampled token), a row's logits taken from another row, a pending request
-scheduled or its KV reused, and any drift between vLLM's forward and transformers'."""
+scheduled or its KV reused, a resume that feeds the whole context again instead of the peer's
+suffix (the engine checks that vLLM computed exactly the tokens fed in each step, so the step log
+counts what vLLM computed), and any drift between vLLM's forward and transformers'."""
 
 from __future__ import annotations
 
 import pytest
+from test_oracle import assert_no_token_fed_twice
 from test_oracle_policies import CASES, write_router
 
 from tokenrouter.config import load_config
@@ -23,7 +26,8 @@ BASIC = {"slm_only": {}, "llm_only": {}, "random": {"rate": 0.3, "seed": 7}, "r_
 def run_and_compare(config: dict, engines: dict, references, prompts: list[list[int]]) -> list:
     for spec in config["models"].values():
         spec.update(engine="vllm", block_size=32)
-    with TokenRouter(load_config(config), engines={"slm": engines["small"], "llm": engines["large"]}) as engine:
+    with TokenRouter(load_config(config), engines={"slm": engines["small"], "llm": engines["large"]},
+                     step_log=100_000) as engine:
         results = engine.generate(prompts, max_tokens=MAX_TOKENS, timeout=300)
         end_ids = sorted(engine.engines["slm"].eos_token_ids)
         for prompt, result in zip(prompts, results):
@@ -34,6 +38,7 @@ def run_and_compare(config: dict, engines: dict, references, prompts: list[list[
             assert result.token_ids == tokens, f"prompt {prompt}"
             assert result.models == [engine.config.model_names[o] for o in origins]
             assert result.finish_reason == reason
+        assert_no_token_fed_twice(engine, prompts, results)
     for model in engines.values():  # every request ended: nothing held on either model
         assert model.sequence_ids() == [] and model.num_free_blocks == model.num_total_blocks
     return results
