@@ -160,9 +160,11 @@ def front_request(faults: Faults) -> FakeRequest:
     return request
 
 
-def peer_request(faults: Faults, secret: str = SECRET) -> FakeRequest:
+def peer_request(faults: Faults, secret: str | None = SECRET) -> FakeRequest:
+    """A peer message carrying ``secret`` (None: no secret parameter at all)."""
     payload = encode_batch([PeerMessage(kind="release", rid="slm-1", sender="llm")])
-    return FakeRequest({"peer_message": np.array([[payload]], dtype=np.object_)}, peer_parameters(secret), faults)
+    parameters = {} if secret is None else peer_parameters(secret)
+    return FakeRequest({"peer_message": np.array([[payload]], dtype=np.object_)}, parameters, faults)
 
 
 def _run_once(make_request, at: int, kind: type[BaseException]) -> tuple[Faults, FakeRequest, FakeSubserver]:
@@ -261,8 +263,8 @@ def test_a_peer_message_with_the_secret_is_delivered() -> None:
     assert request.sender.finals == [None]  # the acknowledgement: a bare FINAL
 
 
-@pytest.mark.parametrize("secret", ["", "guess", SECRET + "x"])
-def test_a_peer_message_without_the_secret_is_refused_counted_and_not_delivered(secret: str) -> None:
+@pytest.mark.parametrize("secret", [None, "", "guess", SECRET + "x"], ids=["absent", "empty", "guess", "longer"])
+def test_a_peer_message_without_the_secret_is_refused_counted_and_not_delivered(secret: str | None) -> None:
     faults = Faults(0, RuntimeError)
     pb = fake_pb(faults)
     subserver = FakeSubserver(faults)

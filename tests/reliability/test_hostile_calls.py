@@ -14,6 +14,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from e2e.test_routing_server import PROMPTS, metrics, stream_ids, wait_for_idle_pools
+from reliability.test_cancellation import wait_until_held
 from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from tokenrouter.protocol import PeerMessage, RequestSpec, encode_batch
 from tokenrouter.serving.peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REQUEST_KEY_PARAMETER,
@@ -69,12 +70,16 @@ def _forged_messages() -> list[tuple[str, list[PeerMessage]]]:
     ]
 
 
+VICTIM_TOKENS = 128  # min_tokens too: no victim may end before the forgeries are all refused
+
+
 def test_forged_peer_messages_are_refused_counted_and_change_nothing(routing_server):
     server = routing_server
     before = metrics(server)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        victims = [pool.submit(stream_ids, server, PROMPTS[i], max_tokens=48, random_seed=i) for i in range(4)]
-        time.sleep(0.3)  # victims are in flight
+        victims = [pool.submit(stream_ids, server, PROMPTS[i], max_tokens=VICTIM_TOKENS, min_tokens=VICTIM_TOKENS,
+                               random_seed=i) for i in range(4)]
+        wait_until_held(server, 4)  # victims are in flight
         refused = 0
         for model, messages in _forged_messages():
             with pytest.raises(InferenceServerException, match="refused"):
@@ -83,9 +88,10 @@ def test_forged_peer_messages_are_refused_counted_and_change_nothing(routing_ser
                                      {"peer_message": encode_batch(messages).decode()})
             assert 400 <= status < 500 and "refused" in text, (status, text)
             refused += 2
+        assert not any(victim.done() for victim in victims), "the victims ended before the forgeries: longer ones"
         for victim in victims:
             ids, _, reason = victim.result(timeout=120)
-            assert len(ids) == 48 and reason == "length"  # not ended, not hung, not stuffed with 591 tokens
+            assert len(ids) == VICTIM_TOKENS and reason == "length"  # not ended, not hung, not stuffed with 591 tokens
     assert wait_for_idle_pools(server) == {}
     time.sleep(0.7)  # one metrics refresh
     after = metrics(server)
@@ -109,18 +115,19 @@ def test_forged_control_calls_and_request_keys_are_refused_counted_and_change_no
     server = routing_server
     before = metrics(server)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        victims = [pool.submit(stream_ids, server, PROMPTS[i], max_tokens=48, min_tokens=48, random_seed=i)
-                   for i in range(4)]
-        time.sleep(0.3)  # victims are in flight
+        victims = [pool.submit(stream_ids, server, PROMPTS[i], max_tokens=VICTIM_TOKENS, min_tokens=VICTIM_TOKENS,
+                               random_seed=i) for i in range(4)]
+        wait_until_held(server, 4)  # victims are in flight
         for parameters in FORGED_PARAMETERS:
             with pytest.raises(InferenceServerException, match="refused"):
                 _direct_stream(server.grpc_url, "slm", inputs(peer_message=b"[]"), parameters)
         with pytest.raises(InferenceServerException, match="refused"):
             _direct_stream(server.grpc_url, "slm", inputs(input_ids=[5, 6, 7], max_tokens=4),
                            {REQUEST_KEY_PARAMETER: new_request_key()})
+        assert not any(victim.done() for victim in victims), "the victims ended before the forgeries: longer ones"
         for victim in victims:
             ids, _, reason = victim.result(timeout=120)
-            assert len(ids) == 48 and reason == "length"
+            assert len(ids) == VICTIM_TOKENS and reason == "length"
     assert wait_for_idle_pools(server) == {}
     time.sleep(0.7)  # one metrics refresh
     after = metrics(server)
