@@ -195,6 +195,9 @@ class TritonServer:
     # model -> stub pid, read the moment the server turned ready: what a supervisor must watch (read
     # later, a stub that died in between would be missing from the list and never noticed)
     ready_stubs: dict[str, int] = field(default_factory=dict, init=False)
+    # its shared-memory regions, read then too: once tritonserver is killed its stubs exit, and
+    # nothing maps them any more when stop() looks (Triton removes them on a clean exit only)
+    ready_regions: set[Path] = field(default_factory=set, init=False)
     _reader: threading.Thread | None = field(default=None, init=False)
 
     def command(self) -> list[str]:
@@ -276,7 +279,7 @@ class TritonServer:
                     f"last log lines:\n{self.log_tail()}"
                 )
             if self.is_ready():
-                self.ready_stubs = self.stubs()
+                self.ready_stubs, self.ready_regions = self.stubs(), self._shm_regions()
                 return self
             time.sleep(0.25)
         raise TritonError(f"tritonserver not ready after {timeout_s:.0f} s; last log lines:\n{self.log_tail()}")
@@ -375,7 +378,7 @@ class TritonServer:
         if self.process is None:
             return None
         grace_s = self.exit_timeout_s + 5 if grace_s is None else grace_s
-        own_regions = self._shm_regions()
+        own_regions = self._shm_regions() | self.ready_regions
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
