@@ -89,7 +89,14 @@ def edit_routing_policy(repository: Path, policy: str, params: dict, weights: st
     (repository / ROUTING_POLICY / "config.pbtxt").write_text(HEADER + text_format.MessageToString(config))
 
 
-@pytest.mark.parametrize("policy", list(SETTINGS))
+# Each case starts a server (~20 s here). The default suite serves one of each kind: a plain router,
+# one on the logits, a learned one whose weights sit in routing_policy/1/, the mixing ensemble; the
+# runtime oracles hold every policy's tokens, and `-m slow` serves the rest too.
+SERVED_BY_DEFAULT = {"random", "r_stitch", "co_llm", "ensemble"}
+
+
+@pytest.mark.parametrize("policy", [p if p in SERVED_BY_DEFAULT else pytest.param(p, marks=pytest.mark.slow)
+                                    for p in SETTINGS])
 def test_policy_served_by_editing_the_routing_policy_model(policy, repository, engines, start_server, tiny_pair):
     weights = write_router(repository / ROUTING_POLICY / "1", policy, tiny_pair["small"]) if policy in LEARNED else ""
     edit_routing_policy(repository, policy, SETTINGS[policy], weights)

@@ -3,7 +3,7 @@ stubs (a supervisor that kept the dead pids restarted again at once, 5 times, an
 exited), the server serves real requests, and it never gives up; an operator's reload (with the
 admin key) is not a fault, and an operator's unload is healed.
 
-The repository is the echo one (fronts, pre/postprocessing and the echo subserver double): it
+The repository is the echo one cut to the decoupled front and the echo subserver double: it
 restarts in seconds, and what is tested is the launcher, not the engines.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -65,7 +66,10 @@ class Launcher:
 
 @pytest.fixture(scope="module")
 def launcher(tiny_pair: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    served = Launcher(render_echo_repository(tmp_path_factory.mktemp("supervised") / "repo", tiny_pair["small"]))
+    repository = render_echo_repository(tmp_path_factory.mktemp("supervised") / "repo", tiny_pair["small"])
+    for model in ("preprocessing", "postprocessing", "unary"):  # each stub costs a restart seconds
+        shutil.rmtree(repository / model)
+    served = Launcher(repository)
     yield served
     served.process.send_signal(signal.SIGTERM)
     try:
