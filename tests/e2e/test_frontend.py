@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -275,3 +276,21 @@ def test_preprocessing_and_postprocessing_stand_alone(echo_server, codec: TextCo
                               "finish_reason": "eos", "large_model_share": 0.0, "is_final": True})
     assert status == 200, text
     assert json.loads(text)["text_output"] == "héllo"
+
+
+@pytest.mark.parametrize("ids, message", [
+    ([2**31 - 1], r"output_ids holds id 2147483647, outside the vocabulary \[0, "),
+    ([-1], r"output_ids holds id -1, outside the vocabulary"),
+    ([1] * 100_000, r"output_ids holds 100000 ids; the limit is \d+ \(the context limit\)"),
+])
+def test_postprocessing_refuses_ids_it_cannot_decode(echo_server, ids, message) -> None:
+    """A client calls postprocessing directly: out-of-vocabulary ids answered INTERNAL OverflowError
+    and a million of them took seconds; now a 400 that names the input, and the model serves on."""
+    status, text = http_post(echo_server.http_url, "/v2/models/postprocessing/generate",
+                             {"output_ids": ids, "prefix_ids": [], "output_models": ["m"] * len(ids),
+                              "finish_reason": "eos", "large_model_share": 0.0, "is_final": True})
+    assert status == 400 and re.search(message, json.loads(text)["error"]), (status, text[:300])
+    status, text = http_post(echo_server.http_url, "/v2/models/postprocessing/generate",
+                             {"output_ids": [40], "prefix_ids": [], "output_models": ["m"], "finish_reason": "eos",
+                              "large_model_share": 0.0, "is_final": True})
+    assert status == 200, text
