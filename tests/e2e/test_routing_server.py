@@ -321,16 +321,38 @@ def test_routing_policy_model_answers_with_the_policy_it_carries(server, config)
     assert described["models"] == ["slm", "llm"] and described["entry"] == "slm"
 
 
-def trt_llm_metrics(server) -> dict[tuple[str, str, str], float]:
-    """nv_trt_llm_* samples keyed by (family, model, label value)."""
+def metrics_text(server) -> str:
     host = server.http_url.rsplit(":", 1)[0]
-    text = urllib.request.urlopen(f"http://{host}:{server.ports.metrics}/metrics", timeout=10).read().decode()
+    return urllib.request.urlopen(f"http://{host}:{server.ports.metrics}/metrics", timeout=10).read().decode()
+
+
+def trt_llm_metrics(server) -> dict[tuple[str, str, str], float]:
+    """nv_trt_llm_* samples keyed by (family, our model, label value); each labelled as
+    tensorrtllm_backend labels its own (model="tensorrt_llm", version="1")."""
     samples = {}
-    for family, labels, value in re.findall(r"^(nv_trt_llm_\w+)\{([^}]*)\} ([0-9.eE+-]+)$", text, re.M):
+    for family, labels, value in re.findall(r"^(nv_trt_llm_\w+)\{([^}]*)\} ([0-9.eE+-]+)$", metrics_text(server), re.M):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        kind = next(v for k, v in labels.items() if k not in ("model", "version"))
-        samples[family, labels["model"], kind] = float(value)
+        assert (labels.pop("model"), labels.pop("version")) == ("tensorrt_llm", "1"), labels
+        ours = labels.pop("tokenrouter_model")
+        (kind,) = labels.values()
+        samples[family, ours, kind] = float(value)
     return samples
+
+
+def test_a_tensorrt_llm_dashboard_query_finds_its_series(server):
+    """The selectors of tensorrtllm_backend's metrics docs, run against our metrics port: one series
+    per routed model each, and the timestamp in seconds as its example shows."""
+    text = metrics_text(server)
+
+    def select(family: str, **labels: str) -> list[float]:
+        lines = [line for line in text.splitlines() if line.startswith(family + "{")]
+        return [float(line.rsplit(" ", 1)[1]) for line in lines
+                if all(f'{k}="{v}"' in line.split("}")[0] for k, v in labels.items())]
+
+    assert len(select("nv_trt_llm_request_metrics", model="tensorrt_llm", request_type="active")) == 2
+    assert len(select("nv_trt_llm_kv_cache_block_metrics", model="tensorrt_llm", kv_cache_block_type="max")) == 2
+    stamps = select("nv_trt_llm_general_metrics", model="tensorrt_llm", general_type="timestamp", version="1")
+    assert len(stamps) == 2 and all(abs(stamp - time.time()) < 60 for stamp in stamps), stamps
 
 
 GAUGES = ("tokenrouter_running_requests", "tokenrouter_pending_requests", "tokenrouter_active_requests",

@@ -1,7 +1,9 @@
 """TensorRT-LLM's ``nv_trt_llm_*`` metric families, so a dashboard built for TensorRT-LLM reads ours.
 
 The families, their label names and label values are the ones tensorrtllm_backend's custom metrics
-reporter exports; the ``model`` label is our model (``slm``, ``llm``), one set per subserver.
+reporter exports, with its ``model="tensorrt_llm"`` and ``version="1"`` (a dashboard's query for
+them finds ours); ``tokenrouter_model`` says which of our models (``slm``, ``llm``) a series is,
+one set per subserver: sum over it for the whole router.
 Values are snapshots of the subserver taken on the metrics thread (gauges, like TensorRT-LLM's).
 Label values we cannot fill honestly (GPU memory, KV block reuse, micro-batches of pipeline
 parallelism) are left out rather than reported as zero.
@@ -14,6 +16,7 @@ from typing import Any
 
 from ..runtime.subserver import Subserver
 
+TRT_LLM_LABELS = {"model": "tensorrt_llm", "version": "1"}  # as tensorrtllm_backend labels its series
 # family name -> (description, label name, label values)
 FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "nv_trt_llm_request_metrics": ("TRT LLM request metrics", "request_type",
@@ -53,7 +56,7 @@ def trt_llm_snapshot(server: Subserver) -> dict[str, dict[str, float]]:
         "nv_trt_llm_inflight_batcher_metrics": {"total_context_tokens": sum(context_left),
                                                 "generation_requests": len(scheduled) - len(context_left),
                                                 "paused_requests": len(held) - len(scheduled)},
-        "nv_trt_llm_general_metrics": {"iteration_counter": core.stats.steps, "timestamp": int(time.time() * 1e6)},
+        "nv_trt_llm_general_metrics": {"iteration_counter": core.stats.steps, "timestamp": int(time.time())},
     }
 
 
@@ -69,7 +72,8 @@ class TrtLlmMetrics:
             family = family_type(name=name, description=description, kind=family_type.GAUGE)
             self._families.append(family)
             for value in values:
-                self._gauges[name, value] = family.Metric(labels={"model": server.name, label: value})
+                self._gauges[name, value] = family.Metric(
+                    labels={**TRT_LLM_LABELS, "tokenrouter_model": server.name, label: value})
 
     def update(self) -> None:
         for name, values in trt_llm_snapshot(self._server).items():
