@@ -168,3 +168,16 @@ def test_signals_and_sampling_follow_the_returned_logits(vllm_tiny_engines, tiny
     assert ours.sampled[1] == int(ours.logits[1].argmax())  # the greedy row
     engine.release("a")
     engine.release("b")
+
+
+def test_a_vllm_without_what_the_adapter_uses_is_refused_at_start_by_name(monkeypatch) -> None:
+    """Checked by capability: the installed vLLM passes; one without the engine core's add step
+    (or resumable requests) is refused before any engine is built, naming what it lacks."""
+    from vllm.v1.engine.core import EngineCore
+
+    from tokenrouter.engine.vllm_engine import TESTED_VLLM, require_vllm_capabilities
+
+    require_vllm_capabilities()
+    monkeypatch.delattr(EngineCore, "preprocess_add_request")
+    with pytest.raises(RuntimeError, match=rf"lacks EngineCore.preprocess_add_request: .*tested with vLLM {TESTED_VLLM}"):
+        require_vllm_capabilities()

@@ -14,8 +14,9 @@ them into tokens. So greedy and seeded sampling give the same tokens as the PyTo
 policy gets the signals it asks for (logits, top-k, hidden states), and vLLM's own sampler only
 runs a cheap greedy argmax that is ignored.
 
-vLLM 0.32's in-process engine core is an internal API: this module is the only place that
-touches it (pinned in requirements.txt). It must be the only vLLM engine in its process: vLLM
+vLLM's in-process engine core is an internal API: this module is the only place that touches it
+(0.32 pinned in requirements.txt; 0.27.1, the 26.08 Triton image's, passes the same engine tests:
+tools/vllm_versions.sh). What it needs is checked by capability at start (``require_vllm_capabilities``). It must be the only vLLM engine in its process: vLLM
 keeps a process-global forward context and thread binding (``factory.create_engine`` runs it in
 a process of its own unless the caller owns a whole process, as a Triton stub does).
 """
@@ -37,6 +38,31 @@ from .logit_processing import ContextCounts
 from .pooled import check_rows, sampled_result
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+TESTED_VLLM = "0.27.1 and 0.32.0"
+
+
+def require_vllm_capabilities() -> None:
+    """Fail at start, naming what is missing, on a vLLM without what this adapter uses: resumable
+    (streaming-input) requests, their parked state, and stepping the engine core in-process.
+    By capability, not version string: a vLLM that has them all is run."""
+    import inspect
+
+    import vllm
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.engine.input_processor import InputProcessor
+    from vllm.v1.request import RequestStatus
+
+    missing = [what for what, present in (
+        ("EngineCoreRequest.resumable", "resumable" in getattr(EngineCoreRequest, "__struct_fields__", ())),
+        ("InputProcessor.process_inputs(resumable=...)",
+         "resumable" in inspect.signature(InputProcessor.process_inputs).parameters),
+        ("RequestStatus.WAITING_FOR_STREAMING_REQ", hasattr(RequestStatus, "WAITING_FOR_STREAMING_REQ")),
+        ("EngineCore.preprocess_add_request", hasattr(EngineCore, "preprocess_add_request")),
+    ) if not present]
+    if missing:
+        raise RuntimeError(f"vLLM {vllm.__version__} lacks {', '.join(missing)}: the vllm engine needs resumable "
+                           f"requests (tested with vLLM {TESTED_VLLM})")
 
 
 class VLLMEngine(LengthTable, Engine):
@@ -77,6 +103,7 @@ class VLLMEngine(LengthTable, Engine):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        require_vllm_capabilities()
         hf_config = _hf_config(spec.path)
         if spec.device.startswith("cpu") or (spec.device == "auto" and not torch.cuda.is_available()):
             # vLLM's CPU backend sizes its KV pool from this variable (GiB); the exact block count
