@@ -97,6 +97,9 @@ class VLLMEngine(LengthTable, Engine):
             raise ValueError(f"model '{name}': the vllm engine needs a path (an HF model directory)")
         # Before vLLM is imported: engine core in this process, no multiprocessing of its own.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # The V1 model runner, whose input_batch maps captured logits to requests: on GPU, vLLM
+        # >= ~0.25 picks the V2 runner by default, which has none (both 0.27.1 and 0.32 read this).
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         if spec.threads:
             os.environ["OMP_NUM_THREADS"] = str(spec.threads)  # vLLM keeps torch at 1 thread otherwise
             torch.set_num_threads(spec.threads)
@@ -130,6 +133,10 @@ class VLLMEngine(LengthTable, Engine):
             distributed_executor_backend="uni",
             gpu_memory_utilization=spec.gpu_memory_utilization,
             seed=0,
+            # Off on purpose (vLLM turns it on by default on GPU): it overlaps the next schedule
+            # with this forward, and we step the core one synchronous step at a time; resumable
+            # sessions under it crashed the engine core until vLLM 0.31.
+            async_scheduling=False,
         )
         llm_engine = LLMEngine.from_engine_args(args)
         return cls(name, llm_engine, eos_token_ids=eos_token_ids_of(generation_config_of(spec.path), hf_config))
