@@ -16,7 +16,8 @@ runs a cheap greedy argmax that is ignored.
 
 vLLM's in-process engine core is an internal API: this module is the only place that touches it
 (0.32 pinned in requirements.txt; 0.27.1, the 26.08 Triton image's, passes the same engine tests:
-tools/vllm_versions.sh). What it needs is checked by capability at start (``require_vllm_capabilities``). It must be the only vLLM engine in its process: vLLM
+tools/vllm_versions.sh). What it needs is checked by capability at start
+(``require_vllm_capabilities``). It must be the only vLLM engine in its process: vLLM
 keeps a process-global forward context and thread binding (``factory.create_engine`` runs it in
 a process of its own unless the caller owns a whole process, as a Triton stub does).
 """
