@@ -65,12 +65,16 @@ def embedded(config):
         yield engine
 
 
+def metrics_text(server) -> str:
+    """The metrics port's page."""
+    host = server.http_url.rsplit(":", 1)[0]
+    return urllib.request.urlopen(f"http://{host}:{server.ports.metrics}/metrics", timeout=10).read().decode()
+
+
 def metrics(server) -> dict[str, float]:
     """tokenrouter_* samples from the metrics port, keyed by 'name{labels}'."""
-    host = server.http_url.rsplit(":", 1)[0]
-    text = urllib.request.urlopen(f"http://{host}:{server.ports.metrics}/metrics", timeout=10).read().decode()
     samples = {}
-    for line in text.splitlines():
+    for line in metrics_text(server).splitlines():
         match = re.match(r"^(tokenrouter_\w+)(\{[^}]*\})? ([0-9.eE+-]+)$", line)
         if match:
             samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
@@ -319,11 +323,6 @@ def test_routing_policy_model_answers_with_the_policy_it_carries(server, config)
     described = json.loads(json.loads(text)["outputs"][0]["data"][0])
     assert described["policy"] == config["policy"]["name"] and described["params"] == config["policy"]["params"]
     assert described["models"] == ["slm", "llm"] and described["entry"] == "slm"
-
-
-def metrics_text(server) -> str:
-    host = server.http_url.rsplit(":", 1)[0]
-    return urllib.request.urlopen(f"http://{host}:{server.ports.metrics}/metrics", timeout=10).read().decode()
 
 
 def trt_llm_metrics(server) -> dict[tuple[str, str, str], float]:

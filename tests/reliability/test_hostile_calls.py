@@ -73,13 +73,19 @@ def _forged_messages() -> list[tuple[str, list[PeerMessage]]]:
 VICTIM_TOKENS = 128  # min_tokens too: no victim may end before the forgeries are all refused
 
 
+def _start_victims(pool: concurrent.futures.ThreadPoolExecutor, server) -> list[concurrent.futures.Future]:
+    """4 streams of VICTIM_TOKENS, returned once the entry holds them all."""
+    victims = [pool.submit(stream_ids, server, PROMPTS[i], max_tokens=VICTIM_TOKENS, min_tokens=VICTIM_TOKENS,
+                           random_seed=i) for i in range(4)]
+    wait_until_held(server, 4)
+    return victims
+
+
 def test_forged_peer_messages_are_refused_counted_and_change_nothing(routing_server):
     server = routing_server
     before = metrics(server)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        victims = [pool.submit(stream_ids, server, PROMPTS[i], max_tokens=VICTIM_TOKENS, min_tokens=VICTIM_TOKENS,
-                               random_seed=i) for i in range(4)]
-        wait_until_held(server, 4)  # victims are in flight
+        victims = _start_victims(pool, server)
         refused = 0
         for model, messages in _forged_messages():
             with pytest.raises(InferenceServerException, match="refused"):
@@ -115,9 +121,7 @@ def test_forged_control_calls_and_request_keys_are_refused_counted_and_change_no
     server = routing_server
     before = metrics(server)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        victims = [pool.submit(stream_ids, server, PROMPTS[i], max_tokens=VICTIM_TOKENS, min_tokens=VICTIM_TOKENS,
-                               random_seed=i) for i in range(4)]
-        wait_until_held(server, 4)  # victims are in flight
+        victims = _start_victims(pool, server)
         for parameters in FORGED_PARAMETERS:
             with pytest.raises(InferenceServerException, match="refused"):
                 _direct_stream(server.grpc_url, "slm", inputs(peer_message=b"[]"), parameters)

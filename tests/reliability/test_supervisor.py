@@ -44,9 +44,13 @@ class Launcher:
     def count(self, text: str) -> int:
         return sum(text in line for line in list(self.lines))
 
+    def server_pid(self) -> int:
+        """The tritonserver that runs now."""
+        return next(int(pid) for pid in _children(self.process.pid))
+
     def stubs(self) -> dict[str, int]:
         """model -> stub pid of the tritonserver that runs now."""
-        return stub_pids(next(int(pid) for pid in _children(self.process.pid)))
+        return stub_pids(self.server_pid())
 
     def wait_for(self, text: str, times: int, timeout_s: float = RESTART_S) -> None:
         deadline = time.monotonic() + timeout_s
@@ -129,7 +133,7 @@ def test_a_killed_tritonserver_leaves_no_shared_memory(launcher: Launcher) -> No
     """Triton removes its shared-memory regions on a clean exit only; after a SIGKILL the supervisor
     must (117 regions, 123 MB, had piled up on this machine)."""
     ready = launcher.count(READY_AGAIN)
-    server = next(int(pid) for pid in _children(launcher.process.pid))
+    server = launcher.server_pid()
     regions = shm_regions_of([server, *launcher.stubs().values()])
     assert regions, "the server's stubs should have shared-memory regions"
     os.kill(server, signal.SIGKILL)
