@@ -360,12 +360,20 @@ GAUGES = ("tokenrouter_running_requests", "tokenrouter_pending_requests", "token
 
 def test_tensorrt_llm_dashboard_metrics_follow_a_request(server, config):
     """The nv_trt_llm_* families a TensorRT-LLM dashboard reads: the pool size and limits from the
-    config at rest, a held request and used blocks while a long stream decodes, and all back to
+    config at rest, held requests and used blocks while long streams decode, and all back to
     rest after it. Catches families that are not refreshed, swapped used/free, or wrong labels."""
     kv_blocks = {name: spec["kv_cache_tokens"] // spec["block_size"] for name, spec in config["models"].items()}
+    # Four streams, not one: a lone request routed 30 % spends much of its time in transit between
+    # the stubs (pending at both, running at neither), so a half-second gauge could miss it running.
     done = threading.Event()
-    worker = threading.Thread(target=lambda: (stream_ids(server, PROMPTS[1], max_tokens=200, min_tokens=200,
-                                                         random_seed=3), done.set()))
+
+    def four_streams() -> None:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda seed: stream_ids(server, PROMPTS[1], max_tokens=200, min_tokens=200,
+                                                  random_seed=seed), range(4)))
+        done.set()
+
+    worker = threading.Thread(target=four_streams)
     assert wait_for_idle_pools(server) == {}
     rest = trt_llm_metrics(server)
     worker.start()
@@ -384,8 +392,8 @@ def test_tensorrt_llm_dashboard_metrics_follow_a_request(server, config):
         time.sleep(0.1)
     worker.join()
     assert busy is not None, "the metrics never showed the running request"
-    # Routing 30 %: both models counted it active and held KV blocks for it the whole time; it ran on
-    # one model while the other kept its KV (pending). Which model a twice-a-second refresh catches
+    # Routing 30 %: both models counted them active and held KV blocks for them the whole time; each ran
+    # on one model while the other kept its KV (pending). Which model a twice-a-second refresh catches
     # in which state varies, so those two gauges are asked of either model.
     for gauge in GAUGES:
         per_model = [peaks.get(f'{gauge}{{model="{model}"}}', 0) for model in ("slm", "llm")]
