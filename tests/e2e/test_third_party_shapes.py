@@ -11,11 +11,37 @@ prompt (echo_subserver_double.py), so the text that comes back is known.
 from __future__ import annotations
 
 import queue
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
+
+from tokenrouter.client import GrpcStream, Reply, grpc_infer
+from tokenrouter.serving.repository import model_parameters, write_front
+from tokenrouter.serving.schema import EXCLUDE_INPUT
+from tokenrouter.text import TextCodec
+
+from .conftest import UNARY, render_echo_repository
+
+# Beside the echo repository's `tokenrouter` and unary fronts: one rendered as Triton's OpenAI
+# frontend needs it (frontend.exclude_input_in_output true), one with chat_template on.
+OPENAI_FRONT, CHAT_FRONT = "openai_front", "chat_front"
+
+
+@pytest.fixture(scope="module")
+def echo_server(start_server, tiny_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory):
+    repository = render_echo_repository(tmp_path_factory.mktemp("echo-repo"), tiny_tokenizer)
+    base = model_parameters(repository / "tokenrouter")
+    write_front(repository, OPENAI_FRONT, {**base, EXCLUDE_INPUT: True}, decoupled=True, max_batch_size=8)
+    write_front(repository, CHAT_FRONT, {**base, "chat_template": True}, decoupled=True, max_batch_size=8)
+    return start_server(repository)
+
+
+@pytest.fixture(scope="module")
+def codec(tiny_tokenizer: Path) -> TextCodec:
+    return TextCodec.from_path(tiny_tokenizer)
 
 
 def _tensor(name: str, array: np.ndarray) -> grpcclient.InferInput:
@@ -139,3 +165,109 @@ def test_llama_index_stream_complete_with_its_defaults(echo_server) -> None:
     assert text == prompt
     refusal = tokens.get(timeout=10)
     assert "unexpected inference input" in str(refusal)  # tensorrt_llm's inputs: not a front's
+
+
+# --- Triton's OpenAI frontend ---------------------------------------------------------------------
+# Written from triton-inference-server/server python/openai/openai_frontend/engine (main, 2026-08):
+# _create_trtllm_generate_request builds these tensors, in-process, for "an ensemble, a python or BLS
+# model"; usage comes from num_input_tokens (read once) and num_output_tokens (added up over a stream).
+# That frontend needs Triton >= 2.52's Python bindings; here its requests go over gRPC instead.
+OPENAI_DEFAULT_MAX_TOKENS = 16  # its --default-max-tokens
+CHAT_PROMPT = "<|im_start|>user\nalpha beta gamma delta<|im_end|>\n<|im_start|>assistant\n"  # as it renders
+
+
+def _openai_frontend_inputs(prompt: str, *, stream: bool, echo: bool | None = None, **sampling) -> dict:
+    """Its request: text_input and stream always, max_tokens (its default when the client sends none),
+    the sampling fields the client set, the echo tensor only for completions, both count flags."""
+    inputs = {"text_input": np.array([[prompt]], dtype=object), "stream": np.bool_([[stream]]),
+              "max_tokens": np.int32([[sampling.pop("max_tokens", OPENAI_DEFAULT_MAX_TOKENS)]])}
+    if "stop" in sampling:
+        inputs["stop_words"] = np.array([sampling.pop("stop")], dtype=object)
+    casts = {"top_p": np.float32, "frequency_penalty": np.float32, "presence_penalty": np.float32,
+             "seed": np.uint64, "temperature": np.float32}
+    inputs.update({name: casts[name]([[value]]) for name, value in sampling.items()})
+    if echo is not None:  # CreateCompletionRequest has echo; a chat request does not
+        inputs["exclude_input_in_output"] = np.bool_([[not echo]])
+    inputs["return_num_input_tokens"] = np.bool_([[True]])
+    inputs["return_num_output_tokens"] = np.bool_([[True]])
+    return inputs
+
+
+def _openai_frontend_call(url: str, model: str, inputs: dict) -> list[Reply]:
+    """Every response with outputs, up to the final one (its async_infer iterates to the final flag)."""
+    stream = GrpcStream(url)
+    try:
+        return stream.request(inputs, model)
+    finally:
+        stream.close()
+
+
+def _usage(replies: list[Reply]) -> tuple[int, int]:
+    """_StreamingUsageAccumulator's reading: prompt tokens from the first response, completion tokens summed."""
+    return (int(replies[0]["num_input_tokens"].reshape(-1)[0]),
+            sum(int(reply["num_output_tokens"].reshape(-1)[0]) for reply in replies))
+
+
+def test_openai_frontend_chat_gets_the_reply_alone_with_its_usage(echo_server, codec) -> None:
+    """Non-streaming chat, as that frontend sends it (no exclude_input_in_output): on a front rendered
+    with frontend.exclude_input_in_output the reply is the output alone, and the counts are the
+    prompt's tokens and the output's. A default front echoes the prompt, as TensorRT-LLM's does."""
+    inputs = _openai_frontend_inputs(CHAT_PROMPT, stream=False, temperature=0.0, seed=7, top_p=1.0)
+    (reply,) = _openai_frontend_call(echo_server.grpc_url, OPENAI_FRONT, inputs)
+    prompt_ids = codec.encode_prompt(CHAT_PROMPT)
+    output = reply.text  # the double's output is the prompt's first tokens (up to an end id)
+    assert reply.ids and reply.ids == prompt_ids[:len(reply.ids)] and output == codec.decode(reply.ids)
+    assert _usage([reply]) == (len(prompt_ids), len(reply.ids))
+    (echoed,) = _openai_frontend_call(echo_server.grpc_url, "tokenrouter", inputs)
+    assert echoed.text == codec.decode(prompt_ids) + output
+
+
+def test_openai_frontend_streamed_chat_adds_up_to_the_whole(echo_server, codec) -> None:
+    """Streaming chat: the deltas join to the non-streamed text, num_output_tokens summed over the
+    responses is the output's length (a cumulative count would overstate it), finish_reason last."""
+    replies = _openai_frontend_call(echo_server.grpc_url, OPENAI_FRONT,
+                                    _openai_frontend_inputs(CHAT_PROMPT, stream=True, max_tokens=9))
+    assert len(replies) > 1
+    ids = [token for reply in replies for token in reply.ids]
+    assert "".join(reply.text for reply in replies) == codec.decode(ids)
+    assert _usage(replies) == (len(codec.encode_prompt(CHAT_PROMPT)), len(ids)) and len(ids) == 9
+    assert [reply.finish_reason for reply in replies][-2:] == ["", "length"]
+
+
+@pytest.mark.parametrize("front", ["tokenrouter", UNARY, OPENAI_FRONT])
+@pytest.mark.parametrize("echo", [False, True], ids=["completion", "echo"])
+def test_openai_frontend_completion_echo_on_every_front(echo_server, codec, front: str, echo: bool) -> None:
+    """A completion sends exclude_input_in_output = not echo, which every front honours whatever its
+    default; a stop string (with its space: BPE tokens carry it) ends it, kept; counts as for chat. The unary front
+    answers the same request through ModelInfer."""
+    prompt = "alpha beta gamma delta epsilon"
+    inputs = _openai_frontend_inputs(prompt, stream=False, echo=echo, stop=[" gamma"], frequency_penalty=0.0,
+                                     presence_penalty=0.0)
+    (reply,) = ([grpc_infer(echo_server.grpc_url, inputs, front)] if front == UNARY
+                else _openai_frontend_call(echo_server.grpc_url, front, inputs))
+    assert reply.text == (prompt if echo else "") + "alpha beta gamma"
+    assert _usage([reply]) == (len(codec.encode_prompt(prompt)), len(codec.encode_prompt("alpha beta gamma")))
+    assert reply.finish_reason == "stop"
+
+
+def test_counts_are_answered_only_when_asked(echo_server) -> None:
+    """Without the two flags the responses carry neither count (TensorRT-LLM's behaviour)."""
+    inputs = _openai_frontend_inputs("alpha beta", stream=False)
+    del inputs["return_num_input_tokens"], inputs["return_num_output_tokens"]
+    (reply,) = _openai_frontend_call(echo_server.grpc_url, "tokenrouter", inputs)
+    assert "num_input_tokens" not in reply and "num_output_tokens" not in reply
+
+
+@pytest.mark.parametrize(("front", "apply", "shown"), [
+    (CHAT_FRONT, None, "user\nhi there"),  # the front's chat_template: wrapped (the echo stops at <|im_end|>)
+    (CHAT_FRONT, False, "hi there"),  # a prompt rendered already (our OpenAI server's): sent as is
+    ("tokenrouter", True, "user\nhi there"),
+    ("tokenrouter", None, "hi there"),
+])
+def test_apply_chat_template_overrides_the_front_setting(echo_server, front: str, apply: bool | None,
+                                                         shown: str) -> None:
+    inputs = _openai_frontend_inputs("hi there", stream=False, echo=False)
+    if apply is not None:
+        inputs["apply_chat_template"] = np.bool_([[apply]])
+    (reply,) = _openai_frontend_call(echo_server.grpc_url, front, inputs)
+    assert reply.text == shown

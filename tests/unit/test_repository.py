@@ -35,8 +35,8 @@ def rich_config(tmp_path: Path) -> dict:
         "scheduling": {"strategy": "eager_async", "max_wait_ms": 7.5, "max_active": 9},
         "chat_template": True,
         "max_model_len": 1024,
-        # non-default fan-out limits: they must travel through the fronts' parameters and back
-        "frontend": {"max_return_sequences": 3, "max_generations": 5, "max_words": 7},
+        # non-default fan-out limits and input default: they must travel through the fronts' parameters and back
+        "frontend": {"max_return_sequences": 3, "max_generations": 5, "max_words": 7, "exclude_input_in_output": True},
     }
 
 
@@ -217,6 +217,11 @@ TRT_LLM_OUTPUTS = {
     "total_draft_tokens": ("TYPE_INT32", [1]),
 }
 
+# What Triton's OpenAI frontend adds to every request and reads for `usage` (server main, 2026-08:
+# python/openai/openai_frontend/engine/utils/triton.py reads INT32 or UINT32 counts).
+OPENAI_FRONTEND_INPUTS = {"return_num_input_tokens": ("TYPE_BOOL", [1]), "return_num_output_tokens": ("TYPE_BOOL", [1])}
+OPENAI_FRONTEND_OUTPUTS = {"num_input_tokens": ("TYPE_INT32", [1]), "num_output_tokens": ("TYPE_INT32", [1])}
+
 
 def _tensors(tensors) -> dict[str, tuple[str, list[int]]]:
     return {t.name: (mc.DataType.Name(t.data_type), list(t.dims)) for t in tensors}
@@ -233,6 +238,8 @@ def test_every_front_declares_tensorrt_llms_whole_interface(front: str, tmp_path
         assert inputs[name] == (dtype, [-1] if name == "end_id" else dims), name
     assert not any(t.optional is False for t in config.input)
     assert {name: outputs[name] for name in TRT_LLM_OUTPUTS} == TRT_LLM_OUTPUTS
+    assert {name: inputs[name] for name in OPENAI_FRONTEND_INPUTS} == OPENAI_FRONTEND_INPUTS
+    assert {name: outputs[name] for name in OPENAI_FRONTEND_OUTPUTS} == OPENAI_FRONTEND_OUTPUTS
     assert {"output_ids", "output_models", "finish_reason", "large_model_share"} <= set(outputs)
     assert config.model_transaction_policy.decoupled and config.max_batch_size == 64
     assert read_model_config(tmp_path / "repo" / front).parameters["entry"].string_value == "small"

@@ -160,6 +160,10 @@ class FrontendSpec(_Strict):
     decoupled: bool = Field(True, description="true: streaming (one response per chunk when stream is true); "
                                               "false: unary, one response per request (gRPC ModelInfer, HTTP /infer)")
     max_batch_size: int = Field(64, ge=1, description="rows per request; each row is its own generation")
+    exclude_input_in_output: bool = Field(
+        False, description="what a request that does not send exclude_input_in_output gets: false (TensorRT-LLM's "
+                           "default) starts a non-streaming text_output with the prompt; true, as Triton's OpenAI "
+                           "frontend needs (its chat requests never send the input)")
     # Fan-out bounds, checked before anything is allocated: one request must never grow a front
     # without limit (num_return_sequences 2**31 once took a front to 2.5 GB and the server down).
     max_return_sequences: int = Field(16, ge=1, description="num_return_sequences per row")

@@ -30,8 +30,9 @@ class TextCodec:
     def from_path(cls, path: str | Path, *, chat_template: bool = False) -> "TextCodec":
         return cls(load_tokenizer(path), chat_template=chat_template)
 
-    def encode_prompt(self, prompt: str) -> list[int]:
-        if self.chat_template:
+    def encode_prompt(self, prompt: str, chat_template: bool | None = None) -> list[int]:
+        """``chat_template``: wrap the prompt as one user turn (None: as configured)."""
+        if self.chat_template if chat_template is None else chat_template:
             return list(self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
                 return_dict=False))

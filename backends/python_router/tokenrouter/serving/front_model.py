@@ -13,7 +13,7 @@ a BLS request.
 
 Parameters: ``entry`` (the entry subserver), ``tokenizer``, ``chat_template``, ``max_model_len``,
 ``max_input_bytes`` (as preprocessing's), the fan-out limits ``max_return_sequences``,
-``max_generations`` and ``max_words`` (config ``frontend``).
+``max_generations`` and ``max_words`` and the default of ``exclude_input_in_output`` (config ``frontend``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from .front_outputs import GenerationOutput
 from .front_request import FanOutLimits, Generation, parse_request
 from .front_writer import ClientRequest, FrontWriter
 from .peer_auth import front_request_parameters, new_request_key, server_secret
-from .python_model import load_codec, model_parameters
+from .python_model import load_codec, model_parameters, parse_bool
+from .schema import EXCLUDE_INPUT
 from .text_inputs import TextInputs
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class TritonPythonModel:
         codec, tokenizer_path = load_codec(args, parameters)
         self.text = TextInputs(codec, tokenizer_path, parameters)
         self.limits = FanOutLimits.from_parameters(parameters)
+        self.exclude_input = parse_bool(parameters.get(EXCLUDE_INPUT, "false"))
         self.entry = parameters.get("entry") or ""
         if not self.entry:
             raise ValueError(f"{args['model_name']}: parameter 'entry' (the entry subserver) is empty")
@@ -63,7 +65,8 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
-            generations = parse_request(inputs, self.text, decoupled=self.decoupled, limits=self.limits)
+            generations = parse_request(inputs, self.text, decoupled=self.decoupled, limits=self.limits,
+                                        exclude_input=self.exclude_input)
         except RequestError as exc:
             self.writer.reject(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
             return

@@ -4,7 +4,8 @@ Triton-free. Shapes are those TensorRT-LLM's ensemble and tensorrt_llm_bls answe
 generation: ``text_output`` flat, one string (``as_numpy("text_output")[0].decode()``);
 ``batch_index``, ``sequence_index``, ``cum_log_probs`` as [1, 1] (``[0][0]``); ``output_log_probs``
 as [1, 1, tokens] (one beam). Ours are one batch row: ``output_ids`` and ``output_models``
-[1, tokens], ``finish_reason`` and ``large_model_share`` [1, 1].
+[1, tokens], ``finish_reason`` and ``large_model_share`` [1, 1]; when asked, ``num_input_tokens`` and
+``num_output_tokens`` [1, 1] (the counts Triton's OpenAI frontend reads for ``usage``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ class GenerationOutput:
         outputs = chunk_outputs(chunk, text)
         outputs["batch_index"] = CLIENT_OUTPUTS["batch_index"].row(generation.row)
         outputs["sequence_index"] = CLIENT_OUTPUTS["sequence_index"].row(generation.sequence)
+        if generation.count_input:
+            outputs["num_input_tokens"] = CLIENT_OUTPUTS["num_input_tokens"].row(len(generation.prompt_ids))
+        if generation.count_output:  # this response's: Triton's OpenAI frontend adds up a stream's
+            outputs["num_output_tokens"] = CLIENT_OUTPUTS["num_output_tokens"].row(len(chunk.tokens))
         if generation.spec.return_log_probs:
             self._cum_log_prob += float(chunk.logprobs.sum(dtype=np.float64))
             outputs["cum_log_probs"] = CLIENT_OUTPUTS["cum_log_probs"].row(self._cum_log_prob)

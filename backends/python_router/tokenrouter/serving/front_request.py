@@ -65,6 +65,8 @@ class Generation:
     spec: RequestSpec
     stream: bool
     echo_prompt: bool  # non-streaming text starts with the prompt (exclude_input_in_output false)
+    count_input: bool = False  # answer num_input_tokens (return_num_input_tokens)
+    count_output: bool = False  # answer num_output_tokens (return_num_output_tokens)
 
     def entry_inputs(self) -> dict[str, np.ndarray]:
         """The entry subserver's inputs (schema.SUBSERVER_INPUTS), one batch row each."""
@@ -111,11 +113,12 @@ class FanOutLimits:
 
 
 def parse_request(inputs: Mapping[str, np.ndarray], text: TextInputs, *, decoupled: bool,
-                  limits: FanOutLimits = FanOutLimits()) -> list[Generation]:
+                  limits: FanOutLimits = FanOutLimits(), exclude_input: bool = False) -> list[Generation]:
     """Every generation of a request; ``inputs``: the client's tensors by name, batch dimension first.
 
     ``decoupled`` False (a unary front): one response per request, so one generation, no streaming.
-    The number of generations is checked against ``limits`` before any of them is built."""
+    The number of generations is checked against ``limits`` before any of them is built.
+    ``exclude_input``: what a row without ``exclude_input_in_output`` gets (the front's setting)."""
     for name in inputs:
         if name in REFUSED:
             raise RequestError(f"{name}: {REFUSED[name]}")
@@ -131,7 +134,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], text: TextInputs, *, decoupl
         raise RequestError(f"{rows} rows x num_return_sequences make {sum(counts)} generations; the limit per request "
                            f"is {limits.max_generations} (frontend.max_generations)")
     return [generation for r, count in enumerate(counts)
-            for generation in _row_generations(_Row(inputs, r), r, count, text, decoupled)]
+            for generation in _row_generations(_Row(inputs, r), r, count, text, decoupled, exclude_input)]
 
 
 def _sequence_count(row: _Row, limits: FanOutLimits) -> int:
@@ -144,7 +147,8 @@ def _sequence_count(row: _Row, limits: FanOutLimits) -> int:
     return count
 
 
-def _row_generations(row: _Row, index: int, count: int, text: TextInputs, decoupled: bool) -> list[Generation]:
+def _row_generations(row: _Row, index: int, count: int, text: TextInputs, decoupled: bool,
+                     exclude_input: bool) -> list[Generation]:
     for name, (off, why) in OFF_ONLY.items():
         value = row.value(name, off)
         if value != off:
@@ -159,10 +163,11 @@ def _row_generations(row: _Row, index: int, count: int, text: TextInputs, decoup
     pad_id = row.value("pad_id")
     if pad_id is not None:
         text.check_ids([pad_id], "pad_id")  # accepted, no effect: responses are never padded
-    prompt_ids = text.prompt_ids(row.array("text_input"))
+    prompt_ids = text.prompt_ids(row.array("text_input"), row.value("apply_chat_template"))
     spec = _spec(row, text, len(prompt_ids))
-    echo = not stream and not row.value("exclude_input_in_output", False)
-    return [Generation(index, n, prompt_ids, replace(spec, seed=(spec.seed + n) % SEED_RANGE), stream, echo)
+    echo = not stream and not row.value("exclude_input_in_output", exclude_input)
+    counts = bool(row.value("return_num_input_tokens", False)), bool(row.value("return_num_output_tokens", False))
+    return [Generation(index, n, prompt_ids, replace(spec, seed=(spec.seed + n) % SEED_RANGE), stream, echo, *counts)
             for n in range(count)]
 
 

@@ -32,8 +32,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..config import ConfigError, FrontendSpec, ModelSpec, TokenRouterConfig, load_config
 from ..runtime.strategies import MULTI_PROCESS
-from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS,
-                     PREPROCESSING_OUTPUTS, ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
+from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, EXCLUDE_INPUT, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
+                     PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
 
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
@@ -198,7 +198,8 @@ def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template
             "max_input_bytes": None}
     limits = {name: getattr(frontend, name) for name in FAN_OUT_LIMITS}
     for name in frontend.names:
-        write_front(repo_dir, name, {**text, **limits, "entry": entry}, decoupled=frontend.decoupled,
+        write_front(repo_dir, name, {**text, **limits, EXCLUDE_INPUT: frontend.exclude_input_in_output,
+                                     "entry": entry}, decoupled=frontend.decoupled,
                     max_batch_size=frontend.max_batch_size)
     pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS.values(),
                        outputs=PREPROCESSING_OUTPUTS.values(), parameters=text)
@@ -412,6 +413,8 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
         "frontend": {"names": fronts, "decoupled": first_front.model_transaction_policy.decoupled,
                      "max_batch_size": first_front.max_batch_size,
                      **{name: int(first_front.parameters[name].string_value) for name in FAN_OUT_LIMITS
-                        if name in first_front.parameters}} if first_front else {"names": fronts},
+                        if name in first_front.parameters},
+                     **({EXCLUDE_INPUT: _decode(first_front.parameters[EXCLUDE_INPUT].string_value, text=False)}
+                        if EXCLUDE_INPUT in first_front.parameters else {})} if first_front else {"names": fronts},
     }
     return load_config(raw)

@@ -94,7 +94,14 @@ CLIENT_INPUTS = _tensors(
     ("lora_config", "INT32", (-1, 3)),
     ("guided_decoding_guide_type", "BYTES", ONE),
     ("guided_decoding_guide", "BYTES", ONE),
+    ("return_num_input_tokens", "BOOL", ONE),  # Triton's OpenAI frontend sends both, for usage
+    ("return_num_output_tokens", "BOOL", ONE),
+    # ours
+    ("apply_chat_template", "BOOL", ONE),  # default: the front's chat_template; false: text_input as is
 )
+# A front parameter of the input's name gives its default (config frontend.exclude_input_in_output), as
+# TensorRT-LLM's tensorrt_llm model has one.
+EXCLUDE_INPUT = "exclude_input_in_output"
 CLIENT_OUTPUTS = _tensors(
     ("text_output", "BYTES", ANY),  # one string per row and sequence: as_numpy("text_output")[0]
     ("cum_log_probs", "FP32", ANY),
@@ -113,6 +120,8 @@ CLIENT_OUTPUTS = _tensors(
     ("acceptance_rate", "FP32", ONE),
     ("total_accepted_draft_tokens", "INT32", ONE),
     ("total_draft_tokens", "INT32", ONE),
+    ("num_input_tokens", "INT32", ONE),  # the prompt's tokens (return_num_input_tokens)
+    ("num_output_tokens", "INT32", ONE),  # this response's output tokens (return_num_output_tokens)
     # ours
     ("output_ids", "INT32", ANY),  # the generated tokens of this response (never the prompt)
     ("output_models", "BYTES", ANY),  # the model that produced each of output_ids

@@ -50,14 +50,15 @@ class TextInputs:
         self.max_input_bytes = input_byte_cap(parameters, tokenizer_path)
         self.max_words = int(parameters.get("max_words") or FrontendSpec.model_fields["max_words"].default)
 
-    def prompt_ids(self, texts: np.ndarray | None) -> list[int]:
-        """One row's ``text_input`` as the prompt's token ids (chat template applied when configured)."""
+    def prompt_ids(self, texts: np.ndarray | None, chat_template: bool | None = None) -> list[int]:
+        """One row's ``text_input`` as the prompt's token ids, wrapped in the chat template when
+        ``chat_template`` says so (None: when configured)."""
         if texts is None or texts.size == 0:
             raise RequestError("text_input is missing")
         prompt = _text(texts.reshape(-1)[0], "text_input", self.max_input_bytes)
         if not prompt:
             raise RequestError("text_input is empty")
-        return self.codec.encode_prompt(prompt)
+        return self.codec.encode_prompt(prompt, chat_template)
 
     def words(self, array: np.ndarray | None, name: str) -> list[str]:
         """One row of a list of words (stop_words, bad_words, embedding_bias_words), empty ones kept."""
