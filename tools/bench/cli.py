@@ -4,15 +4,17 @@
     tokenrouter bench compare --engine sim|tiny|real [--clients 8]     systems side by side, ratios vs targets
     tokenrouter bench sweep --engine sim [--concurrency 1 2 4 8 16]     workloads x concurrency x systems
     tokenrouter bench served [--config configs/tiny.yaml] [--clients 8 ...]  Triton gRPC vs embedded (issues 4, 14)
+    tokenrouter bench against REF [--rounds 3] [--served "OPTIONS"]   this tree vs commit REF, served suite
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 from typing import Any, Callable
 
-from . import compare, served, sweep, validate
+from . import against, compare, served, sweep, validate
 from .plots import plot_compare, plot_served, plot_sweep, plot_validate
 from .report import machine, write_json
 from .runner import Timing
@@ -55,6 +57,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                               "configs/sim-a100.yaml: the simulated A100 pair)")
     p.add_argument("--clients", type=int, nargs="+", default=[8], help="concurrencies, all on one server")
     _common(p, reps=3, engine=False)
+
+    p = suites.add_parser("against", help="this tree vs a baseline commit: the served suite, runs alternated")
+    p.add_argument("ref", help="the baseline: a commit, branch or tag (e.g. HEAD~1)")
+    p.add_argument("--rounds", type=int, default=3, help="runs per tree, alternated (default 3)")
+    p.add_argument("--served", default="", metavar="OPTIONS",
+                   help="`bench served` options for both trees, as one string (e.g. \"--config "
+                        "configs/sim-a100.yaml --clients 64\")")
+    p.add_argument("--json", type=Path, help="raw results (default results/bench-against-<ref>.json)")
+    p.add_argument("--markdown", type=Path, help="also write the markdown table here")
+    p.set_defaults(plot=None)
 
 
 def _common(p: argparse.ArgumentParser, *, reps: int, engine: bool = True) -> None:
@@ -118,7 +130,12 @@ def _served(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callabl
     return result, served.markdown, plot_served, "tiny" if args.config is None else Path(args.config).stem
 
 
-SUITES = {"validate": _validate, "compare": _compare, "sweep": _sweep, "served": _served}
+def _against(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, None, str]:
+    result = against.run_against(args.ref, shlex.split(args.served), args.rounds)
+    return result, against.markdown, None, args.ref.replace("/", "-")
+
+
+SUITES = {"validate": _validate, "compare": _compare, "sweep": _sweep, "served": _served, "against": _against}
 
 
 def run(args: argparse.Namespace) -> int:
