@@ -38,7 +38,8 @@ def vllm_tiny_engines(tiny_pair: dict[Path, Path]):
     from tokenrouter.engine.factory import create_engine
 
     def start(size: str):
-        spec = ModelSpec(path=str(tiny_pair[size]), engine="vllm", kv_cache_tokens=8192, threads=1)
+        # float32: the oracle tests compare these engines with transformers in float32
+        spec = ModelSpec(path=str(tiny_pair[size]), engine="vllm", dtype="float32", kv_cache_tokens=8192, threads=1)
         return create_engine(size, spec)
 
     with ThreadPoolExecutor(2) as pool:

@@ -10,8 +10,13 @@ in a worker process of its own, so the 1.5B never shares memory with the 0.5B.
 pinned to a core each) against the large model alone on vLLM's own engine (both cores), the same
 HumanEval chat prompts, N concurrent requests, greedy, same stop ids.
 
+``dtypes``: per model, the vLLM step engine in bfloat16 against float32 (issue 23), two engine
+processes of the same model side by side, reps interleaved: prefill, decode at batch 1 and 8,
+extend k = 1..4 after a pause, and how many greedy rows agree.
+
     tokenrouter bench-vllm engines --roles small large --reps 3 --json results/bench_vllm_engines.json
     tokenrouter bench-vllm routing --clients 8 --requests 16 --reps 3
+    tokenrouter bench-vllm dtypes --threads 1 --reps 3
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ def engine_worker(role: str, path: Path, args: argparse.Namespace) -> dict[str, 
     """Runs in a process of its own (see ``run``): vLLM in-process, the torch engine beside it."""
     from transformers import AutoTokenizer
 
-    common = dict(path=str(path), dtype="float32", threads=args.threads, kv_cache_tokens=16384, max_batch_size=16,
+    common = dict(path=str(path), dtype=args.dtype, threads=args.threads, kv_cache_tokens=16384, max_batch_size=16,
                   max_prefill_tokens=4096)
     vllm = create_engine(role, ModelSpec(engine="vllm", **common), owns_process=True)
     torch_engine = create_engine(role, ModelSpec(engine="torch", block_size=16, **common), owns_process=True)
@@ -56,37 +61,90 @@ def engine_worker(role: str, path: Path, args: argparse.Namespace) -> dict[str, 
         system(warm, 2)
     result: dict[str, Any] = {"role": role, "path": str(path), "threads": args.threads, "batches": {}}
     for batch in args.batches:
-        result["batches"][batch] = compare_systems(systems, code_prompts(tokenizer, BATCHES[batch]), args)
+        c = compare_systems(systems, code_prompts(tokenizer, BATCHES[batch]), args.new_tokens, args.reps)
+        c.update(adapter_vs_native=paired_speedup(c["all_times"], "adapter", "native"),
+                 adapter_vs_torch=paired_speedup(c["all_times"], "adapter", "torch"))
+        result["batches"][batch] = c
     if args.resume:
         result["resume_ms"] = resume_cost(vllm, code_prompts(tokenizer, [RESUME_PREFIX])[0], args.reps)
     return result
 
 
-def compare_systems(systems: dict, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
-    """Interleaved reps (rotating which system goes first), medians, paired ratios, agreement."""
+def compare_systems(systems: dict, prompts: list[list[int]], new_tokens: int, reps: int) -> dict[str, Any]:
+    """Interleaved reps (rotating which system goes first), medians, and how many rows agree with
+    the first system's."""
     times: dict[str, list[float]] = {name: [] for name in systems}
     steps: dict[str, int] = {}
     outputs: dict[str, list[list[int]]] = {}
     names = list(systems)
-    for rep in range(args.reps):
+    for rep in range(reps):
         for name in names[rep % len(names):] + names[:rep % len(names)]:
             start = time.perf_counter()
-            outputs[name], steps[name] = systems[name](prompts, args.new_tokens)
+            outputs[name], steps[name] = systems[name](prompts, new_tokens)
             times[name].append(time.perf_counter() - start)
             print(f"  batch {len(prompts)} rep {rep} {name}: {times[name][-1]:.2f} s", file=sys.stderr, flush=True)
-    tokens = len(prompts) * args.new_tokens
+    tokens = len(prompts) * new_tokens
     median = {name: statistics.median(values) for name, values in times.items()}
     return {
         "batch": len(prompts),
-        "new_tokens": args.new_tokens,
+        "new_tokens": new_tokens,
+        "seconds": median,
         "tok_s": {name: tokens / seconds for name, seconds in median.items()},
         "step_ms": {name: 1000 * median[name] / steps[name] for name in systems},
-        # Each rep's runs were back to back: robust to load drift on a shared machine.
-        "adapter_vs_native": statistics.median(n / a for n, a in zip(times["native"], times["adapter"])),
-        "adapter_vs_torch": statistics.median(t / a for t, a in zip(times["torch"], times["adapter"])),
-        "rows_identical": {name: sum(a == b for a, b in zip(outputs["adapter"], outputs[name])) for name in systems},
+        "rows_identical": {name: sum(a == b for a, b in zip(outputs[names[0]], outputs[name])) for name in systems},
         "all_times": times,
     }
+
+
+def paired_speedup(times: dict[str, list[float]], system: str, baseline: str) -> float:
+    """How many times faster ``system`` ran than ``baseline``: the median over reps whose runs were
+    back to back, which is robust to load drift on a shared machine."""
+    return statistics.median(b / s for s, b in zip(times[system], times[baseline]))
+
+
+# --- dtypes: the vLLM step engine in bfloat16 vs float32 --------------------------------------------
+DTYPES = ("float32", "bfloat16")
+PREFILL_BATCH = (400,) * 8  # the issue's 8 x 400-token prefill
+
+
+def compare_dtypes(role: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Both dtypes of one model, each in an engine process pinned to the same cores, never running
+    at once. Decode ms per step = (time of prefill + n tokens - time of the prefill alone) / (n - 1)."""
+    from transformers import AutoTokenizer
+
+    common = dict(path=str(path), engine="vllm", threads=args.threads, cpus=list(range(args.threads)),
+                  kv_cache_tokens=16384, max_batch_size=16, max_prefill_tokens=4096)
+    engines = {dtype: EngineProcess(f"{role}-{dtype}", ModelSpec(dtype=dtype, **common)) for dtype in DTYPES}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        systems = {dtype: (lambda prompts, n, e=engine: (engine_generate(e, prompts, n), n))
+                   for dtype, engine in engines.items()}
+        for system in systems.values():
+            system(code_prompts(tokenizer, [16]), 2)  # first steps allocate
+        result: dict[str, Any] = {"role": role, "threads": args.threads, "batches": {}}
+        prefill = compare_systems(systems, code_prompts(tokenizer, PREFILL_BATCH), 1, args.reps)
+        result["prefill_8x400_ms"] = {d: 1000 * s for d, s in prefill["seconds"].items()}
+        result["prefill_speedup"] = paired_speedup(prefill["all_times"], "bfloat16", "float32")
+        for batch in (1, 8):
+            prompts = code_prompts(tokenizer, BATCHES[batch])
+            first = compare_systems(systems, prompts, 1, args.reps)
+            whole = compare_systems(systems, prompts, args.new_tokens, args.reps)
+            decode_ms = {d: 1000 * (whole["seconds"][d] - first["seconds"][d]) / (args.new_tokens - 1)
+                         for d in DTYPES}
+            result["batches"][batch] = {"decode_ms": decode_ms, "decode_speedup": decode_ms["float32"]
+                                        / decode_ms["bfloat16"], "rows_identical": whole["rows_identical"]["bfloat16"],
+                                        "generate": whole}
+        prefix = code_prompts(tokenizer, [RESUME_PREFIX])[0]
+        samples: dict[str, list[dict[str, float]]] = {d: [] for d in DTYPES}
+        for _ in range(args.reps):  # interleaved, one rep each at a time
+            for dtype in DTYPES:
+                samples[dtype].append(resume_cost(engines[dtype], prefix, 1))
+        result["resume_ms"] = {d: {k: statistics.median(s[k] for s in runs) for k in runs[0]}
+                               for d, runs in samples.items()}
+        return result
+    finally:
+        for engine in engines.values():
+            engine.close()
 
 
 # --- routing: TokenRouter on vLLM vs the large model alone on vLLM --------------------------------
@@ -177,6 +235,24 @@ def report_engines(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def report_dtypes(results: list[dict]) -> str:
+    lines = ["| model | dtype | prefill 8 x 400 ms | decode ms/step batch 1 | batch 8 | extend k=1 | k=4 "
+             "| decode after 512 |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        b, m = r["batches"], r["resume_ms"]
+        for d in DTYPES:
+            lines.append(f"| {r['role']} | {d} | {r['prefill_8x400_ms'][d]:.0f} | {b[1]['decode_ms'][d]:.0f} "
+                         f"| {b[8]['decode_ms'][d]:.0f} | {m[d]['extend_1']:.0f} | {m[d]['extend_4']:.0f} "
+                         f"| {m[d]['decode_1']:.0f} |")
+        ratio = {k: m["float32"][k] / m["bfloat16"][k] for k in ("extend_1", "extend_4", "decode_1")}
+        lines.append(f"| {r['role']} | bf16 speedup | {r['prefill_speedup']:.2f}x | {b[1]['decode_speedup']:.2f}x "
+                     f"| {b[8]['decode_speedup']:.2f}x | {ratio['extend_1']:.2f}x | {ratio['extend_4']:.2f}x "
+                     f"| {ratio['decode_1']:.2f}x |")
+    lines.append("\ngreedy rows identical, bfloat16 vs float32: " + ", ".join(
+        f"{r['role']} batch {batch}: {c['rows_identical']}/{batch}" for r in results for batch, c in r["batches"].items()))
+    return "\n".join(lines)
+
+
 def report_routing(r: dict) -> str:
     return ("| system | tok/s (median) | large share |\n| --- | --- | --- |\n"
             f"| TokenRouter on vLLM ({r['policy']['name']} {r['policy']['params']}) | {r['tok_s']['tokenrouter']:.1f} "
@@ -185,13 +261,14 @@ def report_routing(r: dict) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("part", choices=("engines", "routing"))
+    parser.add_argument("part", choices=("engines", "routing", "dtypes"))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument("--roles", nargs="+", default=["small", "large"], help="engines: which models")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16], choices=sorted(BATCHES))
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2, help="engines: threads per engine")
+    parser.add_argument("--threads", type=int, default=2, help="engines, dtypes: threads per engine")
+    parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="engines: the vLLM engine's dtype")
     parser.add_argument("--no-resume", dest="resume", action="store_false", help="engines: skip the resume cost")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="routing: the model pair and stops")
     parser.add_argument("--clients", type=int, default=8, help="routing: concurrent requests N")
@@ -212,6 +289,14 @@ def run(args: argparse.Namespace) -> int:
     if args.part == "routing":
         result: Any = run_routing(args)
         print(report_routing(result))
+    elif args.part == "dtypes":
+        from tokenrouter_engines.models import model_dirs
+
+        result = []
+        for role in args.roles:
+            result.append(compare_dtypes(role, model_dirs()[role], args))
+            write_results(args.json, result)
+        print(report_dtypes(result))
     else:
         from tokenrouter_engines.models import model_dirs
 
@@ -233,7 +318,7 @@ def write_results(path: Path | None, result: Any) -> None:
 def run_worker(role: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
     argv = [sys.executable, "-m", "tokenrouter_tools.bench_vllm", "engines", "--worker", role, str(path),
             "--reps", str(args.reps), "--new-tokens", str(args.new_tokens), "--threads", str(args.threads),
-            "--batches", *map(str, args.batches)] + ([] if args.resume else ["--no-resume"])
+            "--dtype", args.dtype, "--batches", *map(str, args.batches)] + ([] if args.resume else ["--no-resume"])
     out = subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 

@@ -21,7 +21,7 @@ from .test_routing_server import PROMPTS, routing_config, stream_ids, wait_for_i
 def config(tiny_pair) -> dict:
     config = routing_config(tiny_pair)
     for spec in config["models"].values():
-        spec.update(engine="vllm", block_size=32, threads=1)
+        spec.update(engine="vllm", dtype="float32", block_size=32, threads=1)  # as the embedded engines
     return config
 
 

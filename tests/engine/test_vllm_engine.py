@@ -21,6 +21,7 @@ from oracle_scenario import assert_matches_reference, random_prompts, scenario
 
 from tokenrouter.config import ModelSpec
 from tokenrouter.engine.base import KVCacheExhausted, SamplingParams, StepRow, UnknownSequence
+from tokenrouter.engine.dtypes import cpu_has_fast_bf16
 from tokenrouter.engine.factory import create_engine
 from tokenrouter.engine.sampling import sample_tokens
 
@@ -47,8 +48,8 @@ def test_other_families_greedy_equal_generate(tiny_pair_factory, hf_model, refer
     paths = {family: tiny_pair_factory(family, 0)["small"] for family in families}
 
     def start(family: str):
-        return create_engine(family, ModelSpec(path=str(paths[family]), engine="vllm", kv_cache_tokens=2048,
-                                               threads=1))
+        return create_engine(family, ModelSpec(path=str(paths[family]), engine="vllm", dtype="float32",
+                                               kv_cache_tokens=2048, threads=1))
 
     with ThreadPoolExecutor(len(families)) as pool:
         engines = dict(zip(families, pool.map(start, families)))
@@ -112,9 +113,11 @@ def test_blocks_balance_after_finish_cancel_and_failed_steps(vllm_tiny_engines):
 
 
 def test_exhaustion_is_reported_and_changes_nothing(tiny_pair):
+    """Also the engine of ``dtype: auto``: bfloat16 where this CPU has AMX or AVX-512 BF16."""
     engine = create_engine("tight", ModelSpec(path=str(tiny_pair["small"]), engine="vllm", kv_cache_tokens=128,
                                               threads=1))
     try:
+        assert engine.call("dtype") == (torch.bfloat16 if cpu_has_fast_bf16() else torch.float32)
         assert engine.num_total_blocks == 4
         engine.add_sequence("a")
         engine.add_sequence("b")
@@ -173,9 +176,8 @@ def test_signals_and_sampling_follow_the_returned_logits(vllm_tiny_engines, tiny
 def test_a_vllm_without_what_the_adapter_uses_is_refused_at_start_by_name(monkeypatch) -> None:
     """Checked by capability: the installed vLLM passes; one without the engine core's add step
     (or resumable requests) is refused before any engine is built, naming what it lacks."""
-    from vllm.v1.engine.core import EngineCore
-
     from tokenrouter.engine.vllm_engine import TESTED_VLLM, require_vllm_capabilities
+    from vllm.v1.engine.core import EngineCore
 
     require_vllm_capabilities()
     monkeypatch.delattr(EngineCore, "preprocess_add_request")

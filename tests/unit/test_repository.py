@@ -80,7 +80,8 @@ def test_edited_parameter_takes_effect(tmp_path: Path) -> None:
     pbtxt = repo / "routing_policy" / "config.pbtxt"
     pbtxt.write_text(pbtxt.read_text().replace('string_value: "7.5"', 'string_value: "12"'))
     sub = repo / "large" / "config.pbtxt"
-    sub.write_text(sub.read_text().replace('string_value: "auto"', 'string_value: "[1, 3]"'))
+    threshold = 'key: "batch_threshold"\n  value {\n    string_value: '
+    sub.write_text(sub.read_text().replace(threshold + '"auto"', threshold + '"[1, 3]"'))
     config = read_repository(repo)
     assert config.scheduling.max_wait_ms == 12.0
     assert config.models["large"].batch_threshold == [1, 3]

@@ -33,7 +33,10 @@ class ModelSpec(_Strict):
 
     path: str | None = Field(None, description="HF safetensors directory or a .gguf file (torch engine)")
     engine: Literal["vllm", "torch", "simulated", "tensorrt_llm"] = "torch"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: bfloat16 for vllm on CPUs with AMX/AVX-512 BF16, the checkpoint's on GPU, "
+                            "float32 for the torch engine (the exact oracle) and otherwise",
+    )
     device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
     threads: int | None = Field(None, ge=1, description="intra-op threads for this engine; default: torch's")
     cpus: list[int] | None = Field(

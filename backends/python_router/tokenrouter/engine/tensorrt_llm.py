@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from .base import SamplingParams, SeqId, StepResult, StepRow
+from .dtypes import resolve_dtype
 from .loader import eos_token_ids_of, generation_config_of
 from .pooled import PooledEngine
 
@@ -102,7 +103,7 @@ def llm_arguments(spec: ModelSpec, kv_cache_config: Any) -> dict[str, Any]:
     return {
         "model": spec.path,
         "skip_tokenizer_init": True,
-        "dtype": spec.dtype,
+        "dtype": resolve_dtype(spec, on_gpu=True),
         "kv_cache_config": kv_cache_config,
         "max_batch_size": spec.max_batch_size,
         "max_num_tokens": spec.max_prefill_tokens + spec.max_batch_size,

@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .base import SeqId, StepResult, StepRow
+from .dtypes import resolve_dtype
 from .loader import eos_token_ids_of, load_causal_lm, resolve_device
 from .paged_attention import ATTN_IMPLEMENTATION, LAYOUT_KWARG, PagedKVCache, StepLayout
 from .pooled import PooledEngine, sampled_result
@@ -48,7 +49,7 @@ class TorchEngine(PooledEngine):
         if spec.threads:
             torch.set_num_threads(spec.threads)  # loading (GGUF dequantization) runs on the same budget
         try:
-            model = load_causal_lm(spec.path, spec.dtype, resolve_device(spec.device))
+            model = load_causal_lm(spec.path, resolve_dtype(spec, on_gpu=False), resolve_device(spec.device))
         finally:
             torch.set_num_threads(caller_threads)  # the loading thread's own setting is not ours to keep
         num_blocks = max(1, spec.kv_cache_tokens // spec.block_size)

@@ -34,6 +34,7 @@ import torch
 
 from ..config import ModelSpec
 from .base import Engine, KVCacheExhausted, LengthTable, SeqId, StepResult, StepRow
+from .dtypes import resolve_dtype
 from .loader import eos_token_ids_of, generation_config_of
 from .logit_processing import ContextCounts
 from .pooled import check_rows, sampled_result
@@ -109,14 +110,16 @@ class VLLMEngine(LengthTable, Engine):
 
         require_vllm_capabilities()
         hf_config = _hf_config(spec.path)
-        if spec.device.startswith("cpu") or (spec.device == "auto" and not torch.cuda.is_available()):
+        on_cpu = spec.device.startswith("cpu") or (spec.device == "auto" and not torch.cuda.is_available())
+        dtype = resolve_dtype(spec, on_gpu=not on_cpu)
+        if on_cpu:
             # vLLM's CPU backend sizes its KV pool from this variable (GiB); the exact block count
             # is set below, this only has to be large enough to hold it.
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(
-                kv_bytes_per_token(hf_config, spec.dtype) * (spec.kv_cache_tokens + spec.block_size) / 2**30)))
+                kv_bytes_per_token(hf_config, dtype) * (spec.kv_cache_tokens + spec.block_size) / 2**30)))
         args = EngineArgs(
             model=spec.path,
-            dtype=spec.dtype,
+            dtype=dtype,
             # vLLM refuses a pool that cannot hold one request of max_model_len.
             max_model_len=min(hf_config.max_position_embeddings, spec.kv_cache_tokens),
             block_size=spec.block_size,
@@ -128,7 +131,7 @@ class VLLMEngine(LengthTable, Engine):
             # vLLM must schedule every row whole, never split a chunk across steps.
             max_num_batched_tokens=spec.max_prefill_tokens + spec.max_batch_size,
             enable_prefix_caching=False,  # sessions keep their own KV; no shared blocks to account
-            enforce_eager=spec.device.startswith("cpu"),
+            enforce_eager=on_cpu,
             skip_tokenizer_init=True,  # token ids in, token ids out
             max_logprobs=0,
             distributed_executor_backend="uni",
@@ -143,6 +146,11 @@ class VLLMEngine(LengthTable, Engine):
         return cls(name, llm_engine, eos_token_ids=eos_token_ids_of(generation_config_of(spec.path), hf_config))
 
     # --- shape facts ----------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        """What the weights and the KV compute in (``dtype: auto`` resolved, see dtypes.py)."""
+        return self._model_config.dtype
+
     @property
     def vocab_size(self) -> int:
         return self._model_config.get_vocab_size()
