@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tokenrouter.config import ModelSpec, load_config
+from tokenrouter.engine.dtypes import resolve_dtype
 from tokenrouter.engine.factory import create_engine
 from tokenrouter.engine.process_engine import EngineProcess
 
@@ -48,6 +49,8 @@ def engine_worker(role: str, path: Path, args: argparse.Namespace) -> dict[str, 
 
     common = dict(path=str(path), dtype=args.dtype, threads=args.threads, kv_cache_tokens=16384, max_batch_size=16,
                   max_prefill_tokens=4096)
+    # One dtype for all three systems (``auto`` resolved as vLLM resolves it), so their rows compare.
+    common["dtype"] = resolve_dtype(ModelSpec(engine="vllm", **common), on_gpu=False)
     vllm = create_engine(role, ModelSpec(engine="vllm", **common), owns_process=True)
     torch_engine = create_engine(role, ModelSpec(engine="torch", block_size=16, **common), owns_process=True)
     tokenizer = AutoTokenizer.from_pretrained(path)

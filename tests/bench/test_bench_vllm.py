@@ -10,7 +10,7 @@ from tokenrouter_tools.bench_vllm import report_engines, run_worker
 
 
 def test_engine_worker_systems_agree_token_for_token(tiny_pair):
-    args = argparse.Namespace(threads=1, batches=[8], reps=1, new_tokens=6, resume=True)
+    args = argparse.Namespace(threads=1, batches=[8], reps=1, new_tokens=6, resume=True, dtype="float32")
     # In a worker process, as the benchmark runs it: vLLM in-process would patch this test
     # process's torch threading for every later test.
     result = run_worker("small", tiny_pair["small"], args)
