@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from tokenrouter.serving.bls_transport import PEER_INPUT
+from tokenrouter.serving.subserver.bls_transport import PEER_INPUT
 from tokenrouter.serving.peer_auth import SECRET_ENV, control_parameters, new_secret
 
 from .paths import backend_entry

@@ -14,8 +14,8 @@ with an empty FINAL.
 
 import triton_python_backend_utils as pb_utils
 
-from tokenrouter.serving.detokenize import prefix_window
-from tokenrouter.serving.responses import Chunk
+from tokenrouter.serving.text.detokenize import prefix_window
+from tokenrouter.serving.subserver.subserver_writer import Chunk
 from tokenrouter.serving.schema import split_sequences
 
 SMALL, LARGE = "echo_small", "echo_large"

@@ -21,9 +21,9 @@ import pytest
 from tokenrouter.protocol import PeerMessage, encode_batch
 from tokenrouter.runtime.admission import ServerBusy
 from tokenrouter.runtime.request import RequestError
-from tokenrouter.serving.intake import SubserverIntake
+from tokenrouter.serving.subserver.intake import SubserverIntake
 from tokenrouter.serving.peer_auth import front_request_parameters, peer_parameters
-from tokenrouter.serving.responses import ResponseWriter
+from tokenrouter.serving.subserver.subserver_writer import ResponseWriter
 
 FINAL = 1
 SECRET = "s3cret"

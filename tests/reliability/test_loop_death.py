@@ -31,7 +31,7 @@ BROKEN_MODEL = "llm"
 BREAKING_MODEL_PY = '''
 import os
 
-from tokenrouter.serving.backend_entry import TritonPythonModel as Backend
+from tokenrouter.serving.subserver.backend_model import TritonPythonModel as Backend
 
 
 class TritonPythonModel(Backend):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrouter.serving.responses import Chunk, Pacer, _Data, _Error
+from tokenrouter.serving.subserver.subserver_writer import Chunk, Pacer, _Data, _Error
 
 INTERVAL = 0.05
 

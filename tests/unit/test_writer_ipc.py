@@ -9,7 +9,7 @@ import threading
 import time
 from types import SimpleNamespace
 
-from tokenrouter.serving.responses import (CANCEL_POLL_S, MAX_CANCEL_POLLS_PER_S, Chunk, ResponseWriter,
+from tokenrouter.serving.subserver.subserver_writer import (CANCEL_POLL_S, MAX_CANCEL_POLLS_PER_S, Chunk, ResponseWriter,
                                            cancel_poll_interval)
 
 

@@ -16,10 +16,10 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from ..protocol import PeerMessage, encode_batch
-from ..runtime.transport import Transport
-from .peer_auth import peer_parameters
-from .schema import SUBSERVER_INPUTS
+from ...protocol import PeerMessage, encode_batch
+from ...runtime.transport import Transport
+from ..peer_auth import peer_parameters
+from ..schema import SUBSERVER_INPUTS
 
 log = logging.getLogger(__name__)
 

@@ -17,16 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.factory import create_engine
-from ..runtime.assembly import build_policy, build_subserver, effective_max_model_len, kv_capacity
-from ..runtime.strategies import MULTI_PROCESS, make_strategy
+from ...engine.factory import create_engine
+from ...runtime.assembly import build_policy, build_subserver, effective_max_model_len, kv_capacity
+from ...runtime.strategies import MULTI_PROCESS, make_strategy
+from ..cpu_sampler import CpuSampler
+from ..peer_auth import server_secret
+from ..repository import MAX_BATCH_SIZE, read_repository
 from .bls_transport import BlsTransport
-from .cpu_sampler import CpuSampler
 from .intake import SubserverIntake
 from .metrics import SubserverMetrics
-from .peer_auth import server_secret
-from .repository import MAX_BATCH_SIZE, read_repository
-from .responses import ResponseWriter
+from .subserver_writer import ResponseWriter
 
 log = logging.getLogger(__name__)
 # Exit status of a stub that takes itself down because its subserver's loop died (EX_SOFTWARE).

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..text import TextCodec
+from ...text import TextCodec
 
 PREFIX_TOKENS = 8
 

@@ -20,11 +20,11 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from .bls_transport import PEER_INPUT
-from .error_codes import code_of
+from ..error_codes import code_of
+from ..peer_auth import cancel_parameters
+from ..schema import SUBSERVER_INPUTS
+from ..subserver.bls_transport import PEER_INPUT
 from .front_outputs import EntryChunk
-from .peer_auth import cancel_parameters
-from .schema import SUBSERVER_INPUTS
 
 
 class EntryError(Exception):

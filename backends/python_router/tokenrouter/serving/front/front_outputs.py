@@ -15,10 +15,10 @@ from typing import Mapping
 
 import numpy as np
 
-from ..text import TextCodec
-from .detokenize import PREFIX_TOKENS, chunk_text
+from ...text import TextCodec
+from ..schema import CLIENT_OUTPUTS, SUBSERVER_OUTPUTS
+from ..text.detokenize import PREFIX_TOKENS, chunk_text
 from .front_request import Generation
-from .schema import CLIENT_OUTPUTS, SUBSERVER_OUTPUTS
 
 
 @dataclass

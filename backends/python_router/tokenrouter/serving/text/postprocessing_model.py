@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from ..front.front_outputs import EntryChunk, chunk_outputs
+from ..schema import POSTPROCESSING_INPUTS
 from .detokenize import chunk_text
-from .front_outputs import EntryChunk, chunk_outputs
 from .input_limits import context_limit
-from .python_model import RequestError, TokenizerModel, input_array
-from .schema import POSTPROCESSING_INPUTS
+from .tokenizer_stub import RequestError, TokenizerModel, input_array
 
 
 class TritonPythonModel(TokenizerModel):

@@ -21,14 +21,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..protocol import RequestSpec, decode_batch
-from ..runtime.admission import ServerBusy
-from ..runtime.request import RequestError
+from ...protocol import RequestSpec, decode_batch
+from ...runtime.admission import ServerBusy
+from ...runtime.request import RequestError
+from ..peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
+                         carries_secret, request_parameters)
+from ..schema import SPEC_SCALARS, split_sequences
 from .bls_transport import PEER_INPUT
-from .peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
-                        carries_secret, request_parameters)
-from .responses import ResponseWriter, TritonSink
-from .schema import SPEC_SCALARS, split_sequences
+from .subserver_writer import ResponseWriter, TritonSink
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 16

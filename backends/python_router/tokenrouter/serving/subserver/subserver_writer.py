@@ -26,11 +26,11 @@ from collections import Counter
 
 import numpy as np
 
-from ..config import SchedulingSpec
-from ..runtime.emission import large_model_share
-from .detokenize import PREFIX_TOKENS
-from .error_codes import code_name
-from .schema import SUBSERVER_OUTPUTS
+from ...config import SchedulingSpec
+from ...runtime.emission import large_model_share
+from ..error_codes import code_name
+from ..schema import SUBSERVER_OUTPUTS
+from ..text.detokenize import PREFIX_TOKENS
 
 log = logging.getLogger(__name__)
 
