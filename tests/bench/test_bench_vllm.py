@@ -27,7 +27,7 @@ def test_routing_runs_both_phases_and_reports_the_speedup(tiny_pair):
     vLLM's own loop with arguments that loop did not take): TokenRouter on vLLM, then the large
     model alone on vLLM, on the same HumanEval prompts, and the report of both."""
     from tokenrouter_tools.bench_vllm import report_routing, run_routing
-    from tokenrouter_tools.serve import TINY_CONFIG, _with_pair
+    from tokenrouter.launch.serve import TINY_CONFIG, _with_pair
 
     args = argparse.Namespace(config=_with_pair(TINY_CONFIG, tiny_pair).model_dump(), requests=2, clients=2, cores=1,
                               policy="random", policy_params='{"rate": 0.5}', max_tokens=6, reps=1)
