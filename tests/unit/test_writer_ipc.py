@@ -9,8 +9,8 @@ import threading
 import time
 from types import SimpleNamespace
 
-from tokenrouter.serving.subserver.subserver_writer import (CANCEL_POLL_S, MAX_CANCEL_POLLS_PER_S, Chunk, ResponseWriter,
-                                           cancel_poll_interval)
+from tokenrouter.serving.cancel_polling import CANCEL_POLL_S, MAX_CANCEL_POLLS_PER_S, cancel_poll_interval
+from tokenrouter.serving.subserver.subserver_writer import Chunk, ResponseWriter
 
 
 class CountingSender:

@@ -22,9 +22,8 @@ import numpy as np
 
 from ..error_codes import code_of
 from ..peer_auth import cancel_parameters
-from ..schema import SUBSERVER_INPUTS
-from ..subserver.bls_transport import PEER_INPUT
-from .front_outputs import EntryChunk
+from ..schema import PEER_INPUT, SUBSERVER_INPUTS
+from ..text.entry_chunk import EntryChunk
 
 
 class EntryError(Exception):

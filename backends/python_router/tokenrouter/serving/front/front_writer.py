@@ -24,7 +24,7 @@ from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
-from ..subserver.subserver_writer import CANCEL_POLL_S, cancel_poll_interval
+from ..cancel_polling import CANCEL_POLL_S, cancel_poll_interval
 
 log = logging.getLogger(__name__)
 

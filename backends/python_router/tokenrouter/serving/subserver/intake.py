@@ -26,8 +26,7 @@ from ...runtime.admission import ServerBusy
 from ...runtime.request import RequestError
 from ..peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
                          carries_secret, request_parameters)
-from ..schema import SPEC_SCALARS, split_sequences
-from .bls_transport import PEER_INPUT
+from ..schema import PEER_INPUT, SPEC_SCALARS, split_sequences
 from .subserver_writer import ResponseWriter, TritonSink
 
 log = logging.getLogger(__name__)

@@ -28,18 +28,12 @@ import numpy as np
 
 from ...config import SchedulingSpec
 from ...runtime.emission import large_model_share
+from ..cancel_polling import CANCEL_POLL_S, cancel_poll_interval
 from ..error_codes import code_name
-from ..schema import SUBSERVER_OUTPUTS
-from ..text.detokenize import PREFIX_TOKENS
+from ..schema import PREFIX_TOKENS, SUBSERVER_OUTPUTS
 
 log = logging.getLogger(__name__)
 
-# Each is_cancelled() is an IPC round trip to tritonserver: polling 64 streams every 20 ms cost
-# 3200 round trips a second, and every 0.1 s still 640, more than the responses themselves. So
-# each live sender is polled every CANCEL_POLL_S while few are live, and the polls of many share
-# MAX_CANCEL_POLLS_PER_S (64 streams: each every 0.32 s).
-CANCEL_POLL_S = 0.1
-MAX_CANCEL_POLLS_PER_S = 200.0
 MAX_RESPONSES_PER_S: float = SchedulingSpec.model_fields["max_responses_per_s"].default  # one default, in config.py
 
 
@@ -111,11 +105,6 @@ class _Accepted:
 
 
 Item = Union[_Data, _Error]
-
-
-def cancel_poll_interval(live: int, fastest_s: float = CANCEL_POLL_S) -> float:
-    """Seconds between two cancellation polls of each of ``live`` senders."""
-    return max(fastest_s, live / MAX_CANCEL_POLLS_PER_S)
 
 
 class Pacer:
