@@ -15,7 +15,7 @@ with an empty FINAL.
 import triton_python_backend_utils as pb_utils
 
 from tokenrouter.serving.text.detokenize import prefix_window
-from tokenrouter.serving.subserver.subserver_writer import Chunk
+from tokenrouter.serving.subserver.output_chunk import Chunk
 from tokenrouter.serving.schema import split_sequences
 
 SMALL, LARGE = "echo_small", "echo_large"

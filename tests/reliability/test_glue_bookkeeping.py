@@ -178,12 +178,12 @@ def _run_once(make_request, at: int, kind: type[BaseException]) -> tuple[Faults,
         for sink in subserver.sinks:  # what the subserver owns, it answers later
             sink.on_output([7], [0], "length")
         deadline = time.monotonic() + 2
-        while writer._senders and time.monotonic() < deadline:
+        while writer._tracked and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(3 * POLL_S)  # three cancellation polls: a sender left tracked would be polled
     finally:
         writer.close()
-    assert not writer._senders, f"sender still tracked after a fault in {faults.fired_in}"
+    assert not writer._tracked, f"sender still tracked after a fault in {faults.fired_in}"
     return faults, request, subserver
 
 
@@ -294,4 +294,4 @@ def test_a_client_request_to_a_model_that_is_not_the_entry_is_a_clear_invalid_ar
         writer.close()
     message, code = error_of(request.sender.finals[0])
     assert code == "INVALID_ARG" and "not the entry model" in message
-    assert not writer._senders and not subserver.sinks
+    assert not writer._tracked and not subserver.sinks

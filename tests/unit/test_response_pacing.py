@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrouter.serving.subserver.subserver_writer import Chunk, Pacer, _Data, _Error
+from tokenrouter.serving.subserver.output_chunk import Chunk
+from tokenrouter.serving.subserver.pacing import Pacer, _Data, _Error
 
 INTERVAL = 0.05
 

@@ -10,7 +10,8 @@ import time
 from types import SimpleNamespace
 
 from tokenrouter.serving.cancel_polling import CANCEL_POLL_S, MAX_CANCEL_POLLS_PER_S, cancel_poll_interval
-from tokenrouter.serving.subserver.subserver_writer import Chunk, ResponseWriter
+from tokenrouter.serving.subserver.output_chunk import Chunk
+from tokenrouter.serving.subserver.subserver_writer import ResponseWriter
 
 
 class CountingSender:

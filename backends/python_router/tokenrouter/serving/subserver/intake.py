@@ -27,7 +27,8 @@ from ...runtime.request import RequestError
 from ..peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
                          carries_secret, request_parameters)
 from ..schema import PEER_INPUT, SPEC_SCALARS, split_sequences
-from .subserver_writer import ResponseWriter, TritonSink
+from .subserver_writer import ResponseWriter
+from .triton_sink import TritonSink
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 16
