@@ -26,7 +26,7 @@ from ..repository import MAX_BATCH_SIZE, read_repository
 from .bls_transport import BlsTransport
 from .intake import SubserverIntake
 from .metrics import SubserverMetrics
-from .subserver_writer import ResponseWriter
+from .subserver_writer import SubserverWriter
 
 log = logging.getLogger(__name__)
 # Exit status of a stub that takes itself down because its subserver's loop died (EX_SOFTWARE).
@@ -94,7 +94,8 @@ class SubserverRole:
         self.subserver = build_subserver(config, self.name, engine, build_policy(config), self._transport,
                                          make_strategy(config.scheduling.strategy, len(config.models)),
                                          max_model_len=max_model_len, capacities=capacities)
-        self._writer = ResponseWriter(pb_utils, self.subserver, max_responses_per_s=config.scheduling.max_responses_per_s)
+        self._writer = SubserverWriter(pb_utils, self.subserver,
+                                       max_responses_per_s=config.scheduling.max_responses_per_s)
         self._metrics = SubserverMetrics(pb_utils, self.subserver)
         self._intake = SubserverIntake(pb_utils, self.subserver, self._writer, config.model_names, secret,
                                        on_refused_peer_call=self._metrics.count_refused_peer_call)

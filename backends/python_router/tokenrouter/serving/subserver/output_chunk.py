@@ -12,7 +12,7 @@ from ..schema import SUBSERVER_OUTPUTS
 
 
 @dataclass
-class Chunk:
+class OutputChunk:
     """One response's worth of a request's output, as the decoding loop produced it."""
 
     tokens: list[int]
@@ -26,7 +26,7 @@ class Chunk:
     def final(self) -> bool:
         return self.finish_reason is not None
 
-    def absorb(self, later: "Chunk") -> None:
+    def absorb(self, later: "OutputChunk") -> None:
         """Append the chunk that followed this one: the prefix before this one precedes both."""
         self.tokens += later.tokens
         self.origins += later.origins
@@ -45,5 +45,6 @@ class Chunk:
 
 def in_band_error(message: str, code_name: str) -> dict[str, np.ndarray]:
     """A front's failed request's last response, as data (error_codes.py says why)."""
-    return {**Chunk([], [], [], "error", 0.0, []).tensors(), "error": SUBSERVER_OUTPUTS["error"].row(message.encode()),
+    return {**OutputChunk([], [], [], "error", 0.0, []).tensors(),
+            "error": SUBSERVER_OUTPUTS["error"].row(message.encode()),
             "error_code": SUBSERVER_OUTPUTS["error_code"].row(code_name.encode())}

@@ -15,14 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
-from .output_chunk import Chunk
+from .output_chunk import OutputChunk
 
 
 @dataclass
-class _Data:
+class QueuedChunk:
+    """Output queued for a request's sender."""
+
     rid: str
     sender: Any
-    chunk: Chunk
+    chunk: OutputChunk
     wanted: frozenset[str] | None = None  # the outputs the caller asked for (None: all)
 
     @property
@@ -31,7 +33,9 @@ class _Data:
 
 
 @dataclass
-class _Error:
+class QueuedError:
+    """The error that ends a request, queued for its sender."""
+
     rid: str
     sender: Any
     message: str
@@ -40,7 +44,7 @@ class _Error:
     final = True
 
 
-Item = Union[_Data, _Error]
+QueuedItem = Union[QueuedChunk, QueuedError]
 
 
 class Pacer:
@@ -50,14 +54,14 @@ class Pacer:
     held chunk (every token in order, with its model). Used by the writer thread only."""
 
     def __init__(self) -> None:
-        self._held: dict[str, _Data] = {}
+        self._held: dict[str, QueuedChunk] = {}
         self._last: dict[str, float] = {}  # rid -> when its last response went out
 
-    def add(self, item: Item) -> list[Item]:
+    def add(self, item: QueuedItem) -> list[QueuedItem]:
         """Take one queued item; returns what must go out now, in this order, whatever the pacing:
         an error (after the output held before it), or a final chunk that a later one cannot join."""
         held = self._held.get(item.rid)
-        if isinstance(item, _Error):
+        if isinstance(item, QueuedError):
             self._held.pop(item.rid, None)
             self._last.pop(item.rid, None)
             return [held, item] if held is not None else [item]
@@ -67,7 +71,7 @@ class Pacer:
         held.chunk.absorb(item.chunk)
         return []
 
-    def due(self, now: float, interval: float) -> list[_Data]:
+    def due(self, now: float, interval: float) -> list[QueuedChunk]:
         """The held chunks whose time has come: first and final ones always."""
         out = []
         for rid, item in list(self._held.items()):

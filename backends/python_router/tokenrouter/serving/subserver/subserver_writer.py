@@ -17,8 +17,8 @@ from typing import Any
 from ...config import SchedulingSpec
 from ..cancel_polling import CANCEL_POLL_S, cancel_poll_interval
 from ..error_codes import code_name
-from .output_chunk import Chunk, in_band_error
-from .pacing import Item, Pacer, _Data, _Error
+from .output_chunk import OutputChunk, in_band_error
+from .pacing import QueuedItem, Pacer, QueuedChunk, QueuedError
 from .tracked_requests import TrackedRequests
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class _Accepted:
     sender: Any
 
 
-class ResponseWriter:
+class SubserverWriter:
     """Sends paced responses from one thread (pacing.py) and polls client
     cancellation every ``cancel_poll_s`` (more seldom with many streams: ``cancel_poll_interval``)."""
 
@@ -69,15 +69,15 @@ class ResponseWriter:
     def untrack(self, rid: str) -> None:
         self._tracked.untrack(rid)
 
-    def respond(self, rid: str, sender: Any, chunk: Chunk, wanted: frozenset[str] | None = None) -> None:
-        self._queue.put(_Data(rid, sender, chunk, wanted))
+    def respond(self, rid: str, sender: Any, chunk: OutputChunk, wanted: frozenset[str] | None = None) -> None:
+        self._queue.put(QueuedChunk(rid, sender, chunk, wanted))
 
     def error(self, rid: str, sender: Any, message: str, code: Any = None, in_band: bool | None = None) -> None:
         """End ``rid`` with an error; ``in_band`` (None: whether a front named the request) sends it
         as data, the way a front can receive it (error_codes.py)."""
         if in_band is None:
             in_band = self._tracked.is_keyed(rid)
-        self._queue.put(_Error(rid, sender, message, code, in_band))
+        self._queue.put(QueuedError(rid, sender, message, code, in_band))
 
     def accept(self, sender: Any) -> None:
         self._queue.put(_Accepted(sender))
@@ -117,14 +117,14 @@ class ResponseWriter:
                 self._poll_cancellation()  # also under load, when the queue is never empty
                 last_poll = time.monotonic()
 
-    def _send(self, item: Item) -> None:
+    def _send(self, item: QueuedItem) -> None:
         pb = self._pb
         sender, final = item.sender, item.final
-        in_band = item.in_band if isinstance(item, _Error) else self._tracked.is_keyed(item.rid)
+        in_band = item.in_band if isinstance(item, QueuedError) else self._tracked.is_keyed(item.rid)
         if final:
             self.untrack(item.rid)
         try:
-            if isinstance(item, _Error):
+            if isinstance(item, QueuedError):
                 response = self._error_response(item.message, item.code, in_band)
             else:
                 response = pb.InferenceResponse([pb.Tensor(name, array)
