@@ -1,9 +1,10 @@
 """What the python_router backend's model.py runs: a subserver, or the routing_policy model (policy holder).
 
 The glue is thin: intake.py turns requests into the runtime Subserver's submissions and peer
-messages; responses.py turns the subserver's output events into decoupled responses on a thread
-of its own (so the decoding loop never waits on Triton's IPC); bls_transport.py carries peer
-messages to the other subservers, signed with this server start's secret (peer_auth.py).
+messages; triton_sink.py and subserver_writer.py turn the subserver's output events into decoupled
+responses on a thread of their own (so the decoding loop never waits on Triton's IPC);
+bls_transport.py carries peer messages to the other subservers, signed with this server start's
+secret (peer_auth.py).
 """
 
 from __future__ import annotations
