@@ -169,7 +169,8 @@ class OpenAIRoutes:
               params: dict[str, str]) -> list[ChoiceRun]:
         stops = body.stop_strings()
         sampling = translate.Sampling(max_tokens, body.temperature, body.top_p, body.seed, stops, body.presence_penalty,
-                                      body.frequency_penalty, logprobs, body.stream, end_ids)
+                                      body.frequency_penalty, logprobs, body.top_k, body.min_tokens,
+                                      body.repetition_penalty, body.stream, end_ids)
         return [ChoiceRun(self.channel, body.model, choice, stops, params)
                 for choice in translate.choices(prompts, body.n, sampling)]
 

@@ -104,6 +104,10 @@ class _Sampling(_Strict):
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     user: str | None = None
+    # vLLM's extensions of OpenAI's API, which the fronts serve (TensorRT-LLM's inputs of those names)
+    top_k: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
     # refused unless off (REFUSED)
