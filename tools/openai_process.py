@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,13 @@ from tokenrouter.openai_server.app import API_KEY_ENV
 from .triton_server import TritonError, _die_with_parent
 
 DEFAULT_PORT = 9000
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel reports free right now (tests, benchmarks)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 @dataclass

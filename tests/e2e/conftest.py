@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -11,7 +10,7 @@ import pytest
 
 from tokenrouter.config import FrontendSpec
 from tokenrouter.serving.repository import model_parameters, render_frontend, subserver_config, write_front, write_model
-from tokenrouter_tools.openai_process import OpenAIServer
+from tokenrouter_tools.openai_process import OpenAIServer, free_port
 from tokenrouter_tools.triton_server import Ports, TritonServer, build_backend_dir, find_triton
 
 ECHO_DOUBLE = Path(__file__).with_name("echo_subserver_double.py")
@@ -74,12 +73,6 @@ def render_echo_repository(out: Path, tokenizer: Path, *, chat_template: bool = 
 @pytest.fixture(scope="module")
 def echo_server(start_server: StartServer, tiny_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
     return start_server(render_echo_repository(tmp_path_factory.mktemp("echo-repo"), tiny_tokenizer))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager

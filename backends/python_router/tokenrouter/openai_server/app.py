@@ -141,7 +141,8 @@ class OpenAIRoutes:
         if body.stream:
             chunks = ChatChunks(Envelope.new("chat.completion.chunk", body.model, self.served.policy),
                                 self._token_text, self._include_usage(body))
-            return await self._stream(request, runs, body.n, [chunks.role(run.choice.index) for run in runs], chunks)
+            return await self._stream(request, runs, body.n, [chunks.role(run.choice.index) for run in runs], chunks,
+                                      self._continuous_usage(body))
         choices = await until_disconnected(request, self._whole(runs))
         envelope = Envelope.new("chat.completion", body.model, self.served.policy)
         return JSONResponse(chat_body(envelope, choices, usage(runs, body.n), body.logprobs, self._token_text),
@@ -155,7 +156,8 @@ class OpenAIRoutes:
         if body.stream:
             chunks = CompletionChunks(Envelope.new("text_completion", body.model, self.served.policy),
                                       self._token_text, self._include_usage(body))
-            return await self._stream(request, runs, body.n, [chunks.echo(i, p) for i, p in echoed.items()], chunks)
+            return await self._stream(request, runs, body.n, [chunks.echo(i, p) for i, p in echoed.items()], chunks,
+                                      self._continuous_usage(body))
         choices = await until_disconnected(request, self._whole(runs))
         envelope = Envelope.new("text_completion", body.model, self.served.policy)
         return JSONResponse(completion_body(envelope, choices, usage(runs, body.n), logprobs, self._token_text,
@@ -164,6 +166,10 @@ class OpenAIRoutes:
     @staticmethod
     def _include_usage(body: Any) -> bool:
         return bool(body.stream_options and body.stream_options.include_usage)
+
+    @staticmethod
+    def _continuous_usage(body: Any) -> bool:
+        return bool(body.stream_options and body.stream_options.continuous_usage_stats)
 
     def _runs(self, body: Any, prompts: list[str], max_tokens: int, logprobs: bool, end_ids: list[int] | None,
               params: dict[str, str]) -> list[ChoiceRun]:
@@ -183,7 +189,7 @@ class OpenAIRoutes:
         return [choices[index] for index in sorted(choices)]
 
     async def _stream(self, request: Request, runs: Sequence[ChoiceRun], n: int, heads: list[bytes],
-                      chunks: ChatChunks | CompletionChunks) -> Response:
+                      chunks: ChatChunks | CompletionChunks, continuous_usage: bool) -> Response:
         pieces = merged(runs)
         try:  # the first piece before the status line: a refusal still gets its 4xx
             first: Piece = await until_disconnected(request, anext(pieces))
@@ -196,11 +202,12 @@ class OpenAIRoutes:
                 try:
                     for head in heads:
                         yield head
-                    if (chunk := chunks.piece(first)) is not None:
-                        yield chunk
-                    async for piece in pieces:
-                        if (chunk := chunks.piece(piece)) is not None:
+                    piece = first
+                    while True:
+                        if (chunk := chunks.piece(piece, usage(runs, n) if continuous_usage else None)) is not None:
                             yield chunk
+                        if (piece := await anext(pieces, None)) is None:
+                            break
                     if chunks.include_usage:
                         yield chunks.usage(usage(runs, n))
                     yield DONE

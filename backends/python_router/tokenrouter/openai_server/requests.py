@@ -59,6 +59,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's extension: the usage so far in every chunk
     include_obfuscation: bool = False  # OpenAI's padding against length side channels: not sent here, accepted
 
 

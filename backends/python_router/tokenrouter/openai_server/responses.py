@@ -80,10 +80,11 @@ class _Chunks:
     def usage(self, usage: dict[str, int]) -> bytes:
         return event(self._envelope.body([], usage=usage))
 
-    def _event(self, choice: dict[str, Any], piece: Piece | None = None) -> bytes:
+    def _event(self, choice: dict[str, Any], piece: Piece | None = None,
+               usage: dict[str, int] | None = None) -> bytes:
         if piece is not None and piece.finish_reason:
             choice["large_model_share"] = piece.large_share
-        return event(self._envelope.body([choice], **self._usage))
+        return event(self._envelope.body([choice], **({"usage": usage} if usage is not None else self._usage)))
 
 
 def _empty(piece: Piece) -> bool:
@@ -98,12 +99,12 @@ class ChatChunks(_Chunks):
         return self._event({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None})
 
-    def piece(self, piece: Piece) -> bytes | None:
+    def piece(self, piece: Piece, usage: dict[str, int] | None = None) -> bytes | None:
         if _empty(piece):
             return None
         logprobs = chat_logprobs(piece.token_ids, piece.log_probs, self._token_text) if piece.token_ids else None
         return self._event({"index": piece.index, "delta": {"content": piece.text} if piece.text else {},
-                            "logprobs": logprobs, "finish_reason": piece.finish_reason}, piece)
+                            "logprobs": logprobs, "finish_reason": piece.finish_reason}, piece, usage)
 
 
 class CompletionChunks(_Chunks):
@@ -117,7 +118,7 @@ class CompletionChunks(_Chunks):
         self._offsets[index] = len(prompt)
         return self._event({"index": index, "text": prompt, "logprobs": None, "finish_reason": None})
 
-    def piece(self, piece: Piece) -> bytes | None:
+    def piece(self, piece: Piece, usage: dict[str, int] | None = None) -> bytes | None:
         if _empty(piece):
             return None
         offset = self._offsets.get(piece.index, 0)
@@ -125,7 +126,7 @@ class CompletionChunks(_Chunks):
                     if piece.token_ids else None)
         self._offsets[piece.index] = offset + len(piece.text)
         return self._event({"index": piece.index, "text": piece.text, "logprobs": logprobs,
-                            "finish_reason": piece.finish_reason}, piece)
+                            "finish_reason": piece.finish_reason}, piece, usage)
 
 
 @dataclass
