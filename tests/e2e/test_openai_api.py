@@ -207,8 +207,8 @@ def test_body_over_the_cap_is_refused_before_parsing(api) -> None:
     big = b'{"model": "tokenrouter", "messages": [{"role": "user", "content": "' + b"a" * (9 << 20) + b'"}]}'
     reply = httpx.post(f"{api.url}/v1/chat/completions", content=big, headers=headers, timeout=60)
     assert reply.status_code == 413 and reply.json()["error"]["code"] == "request_too_large"
-    chunked = httpx.post(f"{api.url}/v1/chat/completions", content=iter([big[i:i + 65536] for i in range(0, len(big), 65536)]),
-                         headers=headers, timeout=60)  # no Content-Length: counted as it comes
+    parts = iter([big[i:i + 65536] for i in range(0, len(big), 65536)])  # no Content-Length: counted as it comes
+    chunked = httpx.post(f"{api.url}/v1/chat/completions", content=parts, headers=headers, timeout=60)
     assert chunked.status_code == 413
     broken = httpx.post(f"{api.url}/v1/chat/completions", content=b"{not json", headers=headers)
     assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]["message"]

@@ -133,7 +133,8 @@ def test_serve_tiny_routes_between_both_models(tmp_path: Path) -> None:
         assert chat.usage.completion_tokens == 24 and 0.0 < chat.choices[0].large_model_share < 1.0
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=api.base_url, api_key="wrong", max_retries=0).models.list()
-        (api_pid,) = [pid for pid in server_pids if b"tokenrouter.openai_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        (api_pid,) = [pid for pid in server_pids
+                      if b"tokenrouter.openai_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
         triton_pid = next(pid for pid in server_pids if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver")
         os.kill(api_pid, signal.SIGKILL)
         lines = []

@@ -19,7 +19,8 @@ ALPHABET = "ab\n "
 
 @given(text=st.text(ALPHABET, max_size=40), stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), max_size=3),
        cuts=st.lists(st.integers(0, 40), max_size=8))
-def test_stop_text_releases_exactly_the_text_before_the_first_stop(text: str, stops: list[str], cuts: list[int]) -> None:
+def test_stop_text_releases_exactly_the_text_before_the_first_stop(text: str, stops: list[str],
+                                                                   cuts: list[int]) -> None:
     """Oracle: whatever the pieces the text arrives in, what is released is the text up to the
     earliest occurrence of any stop string (the whole text when none occurs)."""
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
@@ -57,8 +58,8 @@ def test_chat_refusals_name_the_parameter(body: dict, param: str, code: str | No
 
 def test_switched_off_values_of_refused_parameters_are_accepted() -> None:
     """What OpenAI clients send by default (tool_choice none, a text response format, empty bias)."""
-    request = parse(ChatRequest, {"model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"},
-                                                                                               {"type": "text", "text": "b"}]}],
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    request = parse(ChatRequest, {"model": "m", "messages": [{"role": "developer", "content": parts}],
                                   "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {},
                                   "store": False, "user": "u", "parallel_tool_calls": True})
     assert request.messages[0].as_template_turn() == {"role": "system", "content": "ab"}

@@ -4,9 +4,10 @@ Each choice is its own generation, so a choice that meets a stop string, or a cl
 ends exactly the calls it should. Choice i of a request with seed s samples with seed s + i, as
 the fronts number ``num_return_sequences``. A request without a seed gets a random one when it
 samples (OpenAI's sampling is not reproducible without one) and seed 0 when it is greedy: a seeded
-routing policy (random) picks its route from the seed too, and greedy output should not vary. The echo of completions and OpenAI's stop strings
-(cut before the stop, matched on text) are done here (stops.py), so the fronts answer the output
-alone and never apply their chat template (prompts come rendered or raw).
+routing policy (random) picks its route from the seed too, and greedy output should not vary.
+The echo of completions and OpenAI's stop strings (cut before the stop, matched on text) are done by
+the server (stops.py), so the fronts answer the output alone and never apply their chat template
+(prompts come rendered or raw).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ ALWAYS = {"exclude_input_in_output": True, "apply_chat_template": False, "return
           "return_num_output_tokens": True}
 READ = ("text_output", "finish_reason", "large_model_share", "num_input_tokens")
 # A front's refusal names its tensor first: the OpenAI parameter each one came from (errors.from_triton)
-PARAMS = {"text_input": "messages", "prompt": "messages", "max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
-          "seed": "seed", "stop_words": "stop", "presence_penalty": "presence_penalty",
+PARAMS = {"text_input": "messages", "prompt": "messages", "max_tokens": "max_tokens", "temperature": "temperature",
+          "top_p": "top_p", "seed": "seed", "stop_words": "stop", "presence_penalty": "presence_penalty",
           "frequency_penalty": "frequency_penalty", "top_k": "top_k", "min_tokens": "min_tokens",
           "repetition_penalty": "repetition_penalty"}
 COMPLETION_PARAMS = {**PARAMS, "text_input": "prompt", "prompt": "prompt"}

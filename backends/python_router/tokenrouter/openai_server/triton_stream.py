@@ -51,7 +51,8 @@ class FrontReply:
     final: bool
 
 
-def infer_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> service_pb2.ModelInferRequest:
+def infer_request(model: str, inputs: Mapping[str, np.ndarray],
+                  outputs: Sequence[str]) -> service_pb2.ModelInferRequest:
     """A front's request: ``inputs`` by name, each one batch row of the schema's dtype."""
     request = service_pb2.ModelInferRequest(model_name=model)
     for name, array in inputs.items():
