@@ -212,6 +212,8 @@ def test_body_over_the_cap_is_refused_before_parsing(api) -> None:
     assert chunked.status_code == 413
     broken = httpx.post(f"{api.url}/v1/chat/completions", content=b"{not json", headers=headers)
     assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]["message"]
+    deep = httpx.post(f"{api.url}/v1/chat/completions", content=b"[" * 200_000, headers=headers)
+    assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"]
 
 
 def _curl(api, path: str, body: dict) -> str:

@@ -79,6 +79,8 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         return json.loads(b"".join(parts))
     except ValueError as err:
         raise bad_request(f"the request body is not valid JSON: {err}") from None
+    except RecursionError:  # "[[[[...": nested deeper than the parser goes
+        raise bad_request("the request body is nested too deeply") from None
 
 
 class OpenAIRoutes:
