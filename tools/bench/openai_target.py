@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
 import time
 from urllib.parse import urlsplit
 
 from tokenrouter import client
 
 from .records import Prompt, RequestRecord
-from .targets import Spans
+from .targets import PerThread, Spans
 
 RESPONSE_TIMEOUT_S = 600.0
 
@@ -29,18 +28,8 @@ class OpenAITarget:
     def __init__(self, url: str, large: str, model: str = client.DEFAULT_MODEL, entry: str = "entry") -> None:
         parts = urlsplit(url)
         self.host, self.port, self.large, self.model, self.entry = parts.hostname, parts.port, large, model, entry
-        self._local = threading.local()
-        self._connections: list[http.client.HTTPConnection] = []
-        self._lock = threading.Lock()
-
-    def _connection(self) -> http.client.HTTPConnection:
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = self._local.connection = http.client.HTTPConnection(self.host, self.port,
-                                                                             timeout=RESPONSE_TIMEOUT_S)
-            with self._lock:
-                self._connections.append(connection)
-        return connection
+        self._connections = PerThread(lambda: http.client.HTTPConnection(self.host, self.port,
+                                                                         timeout=RESPONSE_TIMEOUT_S))
 
     def generate(self, prompt: Prompt, *, max_tokens: int, seed: int, deadline: float) -> RequestRecord:
         if not isinstance(prompt, str):
@@ -49,7 +38,7 @@ class OpenAITarget:
                            "temperature": 0, "stream": True,
                            "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
         record = RequestRecord()
-        connection = self._connection()
+        connection = self._connections.get()
         connection.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
         reply = connection.getresponse()
         if reply.status != 200:
@@ -84,7 +73,4 @@ class OpenAITarget:
         return {}  # the subservers run in Triton's stub processes; see the metrics port instead
 
     def close(self) -> None:
-        with self._lock:
-            connections, self._connections = self._connections, []
-        for connection in connections:
-            connection.close()
+        self._connections.close()
