@@ -38,6 +38,12 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def triton_pid(launcher_pid: int) -> int:
+    """The tritonserver the launcher runs now (its other child is the OpenAI server)."""
+    return next(pid for pid in _children(launcher_pid)
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -135,7 +141,7 @@ def test_serve_tiny_routes_between_both_models(tmp_path: Path) -> None:
             openai.OpenAI(base_url=api.base_url, api_key="wrong", max_retries=0).models.list()
         (api_pid,) = [pid for pid in server_pids
                       if b"tokenrouter.openai_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-        triton_pid = next(pid for pid in server_pids if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver")
+        triton = triton_pid(launcher.pid)
         os.kill(api_pid, signal.SIGKILL)
         lines = []
         for line in launcher.stdout:  # the supervisor's account of it
@@ -144,7 +150,7 @@ def test_serve_tiny_routes_between_both_models(tmp_path: Path) -> None:
                 break
         assert any("the OpenAI server exited with code -9; restarting it" in line for line in lines), lines[-20:]
         assert api.completions.create(model="tokenrouter", prompt="x", max_tokens=3).usage.completion_tokens == 3
-        assert _alive(triton_pid) and not _alive(api_pid)
+        assert _alive(triton) and triton_pid(launcher.pid) == triton and not _alive(api_pid)
         _stop_and_check(launcher, signal.SIGTERM, _descendants(launcher.pid) + server_pids)
     finally:
         if launcher.poll() is None:
