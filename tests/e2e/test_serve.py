@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from tokenrouter.client import http_generate
+from tokenrouter.launch.openai_process import free_port
+from tokenrouter.launch.triton_server import Ports
 from tokenrouter.openai_server.app import API_KEY_ENV
-from tokenrouter_tools.openai_process import free_port
-from tokenrouter_tools.triton_server import Ports
 
 from .conftest import render_echo_repository
 
@@ -61,7 +61,7 @@ def _launch(*args: str, python: str = sys.executable, cwd: Path | None = None,
     launcher = subprocess.Popen(
         # --ready-timeout: the tiny pair starts in under a minute here; a start seen hanging once
         # (docs/reliability.md, known limits) then fails in 5 minutes with the log, not at pytest's timeout
-        [python, "-m", "tokenrouter_tools.cli", "serve", *args, f"--http-port={ports.http}",
+        [python, "-m", "tokenrouter.launch.cli", "serve", *args, f"--http-port={ports.http}",
          f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}", f"--openai-port={openai_port}",
          "--triton-arg=--exit-timeout-secs=5",
          *(["--ready-timeout=300"] if not any(a.startswith("--ready-timeout") for a in args) else [])],
@@ -162,7 +162,7 @@ def test_serve_reports_a_model_that_cannot_load(tiny_tokenizer: Path, tmp_path: 
     repo = render_echo_repository(tmp_path / "repo", tmp_path / "no-such-tokenizer")
     ports = Ports.free()
     done = subprocess.run(
-        [sys.executable, "-m", "tokenrouter_tools.cli", "serve", "--model-repository", str(repo),
+        [sys.executable, "-m", "tokenrouter.launch.cli", "serve", "--model-repository", str(repo),
          f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}"],
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 1

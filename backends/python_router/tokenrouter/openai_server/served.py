@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..serving.input_limits import context_limit, input_byte_cap
+from ..serving.text.input_limits import context_limit, input_byte_cap
 from ..serving.repository import model_parameters, read_repository
-from ..serving.text_inputs import generation_eos
+from ..serving.text.text_inputs import generation_eos
 from ..text import TextCodec
 
 MIN_BODY_BYTES = 1 << 20

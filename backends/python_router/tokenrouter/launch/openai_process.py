@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tokenrouter.openai_server.app import API_KEY_ENV
+from ..openai_server.app import API_KEY_ENV
 
 from .triton_server import TritonError, _die_with_parent
 
