@@ -1,6 +1,8 @@
-"""Container health = Triton's readiness (every model loaded): exit 0 when /v2/health/ready answers 200.
+"""Container health = both servers ready: Triton's readiness (every model loaded) and the
+OpenAI-compatible server's /health (it reaches Triton and the fronts). Exit 0 when every URL
+answers 200.
 
-    python3 /opt/tokenrouter/docker/healthcheck.py [URL]
+    python3 /opt/tokenrouter/docker/healthcheck.py [URL ...]
 
 Standard library only: the NGC images have python3 but not always curl.
 """
@@ -11,10 +13,10 @@ import sys
 import urllib.error
 import urllib.request
 
-READY_URL = "http://localhost:8000/v2/health/ready"
+READY_URLS = ("http://localhost:8000/v2/health/ready", "http://localhost:9000/health")
 
 
-def ready(url: str = READY_URL, timeout: float = 4.0) -> bool:
+def ready(url: str, timeout: float = 4.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.status == 200
@@ -23,4 +25,4 @@ def ready(url: str = READY_URL, timeout: float = 4.0) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if ready(*sys.argv[1:2]) else 1)
+    sys.exit(0 if all(ready(url) for url in sys.argv[1:] or READY_URLS) else 1)
