@@ -152,7 +152,7 @@ class SchedulingSpec(_Strict):
 
 
 FRONT_NAMES = ("tokenrouter", "ensemble", "tensorrt_llm_bls")  # ours, and TensorRT-LLM's model names
-RESERVED_NAMES = ("preprocessing", "postprocessing", "routing_policy")
+RESERVED_NAMES = ("preprocessing", "postprocessing", "routing_policy", "tensorrt_llm")
 
 
 class FrontendSpec(_Strict):
