@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from tokenrouter.serving.bls_transport import PEER_INPUT
-from tokenrouter.serving.peer_auth import SECRET_ENV, control_parameters, new_secret
+from tokenrouter.serving.peer_auth import control_parameters, new_secret, secret_path, server_secret
 
 from .paths import backend_entry
 
@@ -187,6 +187,7 @@ class TritonServer:
     exit_timeout_s: int = 10
     process: subprocess.Popen[str] | None = field(default=None, init=False)
     peer_secret: str = field(default="", init=False, repr=False)
+    _secret_file: Path | None = field(default=None, init=False, repr=False)
     # Held by the launcher only: Triton refuses the repository API (load, unload, index), trace and
     # logging to any request without it (--http-restricted-api / --grpc-restricted-protocol), so no
     # client can load code into the server or unload a model. Kept across restarts (replace copies it).
@@ -232,10 +233,9 @@ class TritonServer:
         if self.process is not None:
             raise TritonError("server already started")
         remove_stale_shm_regions()
-        self.peer_secret = new_secret()  # the subservers' peer messages carry it; one per start
         self.process = subprocess.Popen(
             self.command(),
-            env={**server_env(self.install), SECRET_ENV: self.peer_secret},
+            env=server_env(self.install),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -246,6 +246,10 @@ class TritonServer:
         )
         self._reader = threading.Thread(target=self._read_log, name="tritonserver-log", daemon=True)
         self._reader.start()
+        # the subservers' peer messages and the launcher's control calls carry it; one per start, in a
+        # private file named after this process (not in its environment: peer_auth.py)
+        self._secret_file = secret_path(self.process.pid)
+        self.peer_secret = server_secret(self.process.pid)
         return self
 
     def _read_log(self) -> None:
@@ -392,6 +396,8 @@ class TritonServer:
             pass
         for region in own_regions:  # Triton removes them on a clean exit, not when killed
             region.unlink(missing_ok=True)
+        if self._secret_file is not None:
+            self._secret_file.unlink(missing_ok=True)
         self._join_reader()
         return self.process.returncode
 
