@@ -131,6 +131,9 @@ def test_forged_control_calls_and_request_keys_are_refused_counted_and_change_no
         with pytest.raises(InferenceServerException, match="refused"):
             _direct_stream(server.grpc_url, "slm", inputs(input_ids=[5, 6, 7], max_tokens=4),
                            {REQUEST_KEY_PARAMETER: new_request_key()})
+        for parameters in FORGED_PARAMETERS:  # the fronts take the launcher's shutdown too (the victims' front)
+            with pytest.raises(InferenceServerException, match="is for this server's launcher; refused"):
+                _direct_stream(server.grpc_url, "tokenrouter", inputs(stream=False), parameters)
         assert not any(victim.done() for victim in victims), "the victims ended before the forgeries: longer ones"
         for victim in victims:
             ids, _, reason = victim.result(timeout=120)

@@ -31,7 +31,8 @@ from .entry_call import EntryError, cancel_at_entry, stream_from_entry
 from .front_outputs import GenerationOutput
 from .front_request import FanOutLimits, Generation, parse_request
 from .front_writer import ClientRequest, FrontWriter
-from .peer_auth import front_request_parameters, new_request_key, server_secret
+from .peer_auth import (CONTROL_PARAMETER, REASON_PARAMETER, carries_secret, front_request_parameters, new_request_key,
+                        request_parameters, server_secret)
 from .python_model import load_codec, model_parameters, parse_bool
 from .schema import EXCLUDE_INPUT
 from .text_inputs import TextInputs
@@ -63,6 +64,10 @@ class TritonPythonModel:
 
     def _take(self, request: Any) -> None:
         sender = request.get_response_sender()
+        parameters = request_parameters(request) or {}
+        if CONTROL_PARAMETER in parameters:
+            self._control(sender, parameters)
+            return
         try:
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             generations = parse_request(inputs, self.text, decoupled=self.decoupled, limits=self.limits,
@@ -79,6 +84,16 @@ class TritonPythonModel:
         for generation, key in zip(generations, keys):
             threading.Thread(target=self._generate, args=(client, generation, key), name="generation",
                              daemon=True).start()
+
+    def _control(self, sender: Any, parameters: dict[str, Any]) -> None:
+        """The launcher's ``shutdown`` (with this server start's secret): end every request in flight
+        with its reason, which says to retry. Anything else naming the control parameter is refused."""
+        if not carries_secret(parameters, self.secret) or parameters[CONTROL_PARAMETER] != "shutdown":
+            self.writer.reject(sender, f"'{CONTROL_PARAMETER}' is for this server's launcher; refused",
+                               pb_utils.TritonError.INVALID_ARG)
+            return
+        reason = str(parameters.get(REASON_PARAMETER) or "the server is shutting down")
+        self.writer.end_all(reason, pb_utils.TritonError.UNAVAILABLE, sender)
 
     def _generate(self, client: ClientRequest, generation: Generation, key: str) -> None:
         """One generation's BLS stream from the entry, turned into the client's outputs."""
