@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenrouter.serving.front_writer import FrontWriter
+from tokenrouter.serving.front.front_writer import FrontWriter
 
 FINAL = 1
 

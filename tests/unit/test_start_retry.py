@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter_tools.triton_server import (START_ATTEMPTS, Ports, StartAborted, TritonError, TritonInstall,
+from tokenrouter.launch.triton_server import (START_ATTEMPTS, Ports, StartAborted, TritonError, TritonInstall,
                                             TritonServer, process_alive)
 
 STAND_IN = '''#!{python}
@@ -103,7 +103,7 @@ def test_a_start_that_never_gets_ready_leaves_no_process(tmp_path: Path) -> None
 def test_a_start_says_how_long_tritonserver_and_the_models_took(monkeypatch: pytest.MonkeyPatch) -> None:
     """The restart time split the supervisor logs: tritonserver's own start (to its first model's
     load), the models' loading (to the last one loaded), and the wait for readiness after that."""
-    from tokenrouter_tools import triton_server
+    from tokenrouter.launch import triton_server
 
     clock = iter([0.0, 1.5, 9.0, 14.0, 14.5])
     monkeypatch.setattr(triton_server.time, "monotonic", lambda: next(clock))

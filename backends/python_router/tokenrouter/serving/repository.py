@@ -4,7 +4,7 @@ Layout (one folder per Triton model)::
 
     tokenrouter/      python: a front (what clients call; also ensemble/, tensorrt_llm_bls/: frontend.names),
                       TensorRT-LLM's interface -> the entry subserver by BLS -> text (front_model.py)
-    tensorrt_llm/     python, decoupled: TensorRT-LLM's core model name, refusing clearly (core_model.py)
+    tensorrt_llm/     python, decoupled: TensorRT-LLM's core model name, refusing clearly (front/core_model.py)
     preprocessing/    python, standalone: text -> token ids (tokenizer, chat template, stop words, end ids)
     postprocessing/   python, standalone: token ids -> text, UTF-8 safe across streamed chunks
     <model>/          python_router, role "subserver": one per config model (ModelSpec as parameters)
@@ -40,7 +40,7 @@ from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, CORE_MODEL_INPUTS, CORE_MODE
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
 ROUTING_POLICY = "routing_policy"  # carries the policy, its weights and the scheduling settings
-CORE_MODEL = "tensorrt_llm"  # TensorRT-LLM's core model name, held by a model that refuses (core_model.py)
+CORE_MODEL = "tensorrt_llm"  # TensorRT-LLM's core model name, held by a model that refuses (front/core_model.py)
 LEGACY_ROUTING_POLICY = "router"  # its name and role before the rename (re-rendering carries its trained routers)
 ROUTER_BACKEND = "python_router"
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_MODEL")
@@ -206,15 +206,15 @@ def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template
                     max_batch_size=frontend.max_batch_size)
     pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS.values(),
                        outputs=PREPROCESSING_OUTPUTS.values(), parameters=text)
-    write_model(repo_dir, pre, {"model.py": _shim("tokenrouter.serving.preprocessing_model")})
+    write_model(repo_dir, pre, {"model.py": _shim("tokenrouter.serving.text.preprocessing_model")})
     post = model_config(POSTPROCESSING, backend="python", inputs=POSTPROCESSING_INPUTS.values(),
                         outputs=POSTPROCESSING_OUTPUTS.values(), parameters={"tokenizer": tokenizer})
-    write_model(repo_dir, post, {"model.py": _shim("tokenrouter.serving.postprocessing_model")})
-    # Decoupled, like every model a stream client reaches here: see core_model.py
+    write_model(repo_dir, post, {"model.py": _shim("tokenrouter.serving.text.postprocessing_model")})
+    # Decoupled, like every model a stream client reaches here: see front/core_model.py
     core = model_config(CORE_MODEL, backend="python", max_batch_size=frontend.max_batch_size,
                         inputs=CORE_MODEL_INPUTS.values(), outputs=CORE_MODEL_OUTPUTS.values(),
                         parameters={"entry": entry, "fronts": frontend.names}, decoupled=True)
-    write_model(repo_dir, core, {"model.py": _shim("tokenrouter.serving.core_model")})
+    write_model(repo_dir, core, {"model.py": _shim("tokenrouter.serving.front.core_model")})
 
 
 def write_front(repo_dir: Path, name: str, parameters: Mapping[str, Any], *, decoupled: bool,
@@ -226,7 +226,7 @@ def write_front(repo_dir: Path, name: str, parameters: Mapping[str, Any], *, dec
     config = model_config(name, backend="python", max_batch_size=max_batch_size, inputs=CLIENT_INPUTS.values(),
                           outputs=CLIENT_OUTPUTS.values(), parameters={**parameters, "role": "front"},
                           decoupled=decoupled)
-    return write_model(repo_dir, config, {"model.py": _shim("tokenrouter.serving.front_model")})
+    return write_model(repo_dir, config, {"model.py": _shim("tokenrouter.serving.front.front_model")})
 
 
 def _spec_parameters(spec: ModelSpec, paths: _Paths) -> dict[str, Any]:

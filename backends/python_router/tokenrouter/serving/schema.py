@@ -150,9 +150,13 @@ SUBSERVER_INPUTS = _tensors(
     ("logit_bias_weights", "FP32", ANY),
     ("peer_message", "BYTES", ONE),  # subserver to subserver, and control calls (peer_auth.py)
 )
+PEER_INPUT = "peer_message"  # the one a peer message or a control call travels in (no other input with it)
+# How many of the tokens emitted before a chunk travel with it as prefix_ids: a character has at
+# most 4 bytes, so a held-back partial character always fits (text/detokenize.py).
+PREFIX_TOKENS = 8
 SUBSERVER_OUTPUTS = _tensors(
     ("output_ids", "INT32", ANY),
-    ("prefix_ids", "INT32", ANY),  # up to 8 tokens before the chunk (UTF-8 safe decoding, detokenize.py)
+    ("prefix_ids", "INT32", ANY),  # up to PREFIX_TOKENS tokens before the chunk (UTF-8 safe decoding)
     ("output_models", "BYTES", ANY),
     ("output_log_probs", "FP32", ANY),  # one per output_ids token when return_log_probs, else empty
     ("finish_reason", "BYTES", ONE),
@@ -168,7 +172,7 @@ SPEC_SCALARS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetiti
                 "frequency_penalty", "min_tokens", "return_log_probs")
 
 # --- TensorRT-LLM's core model (``tensorrt_llm``): the inputs its token-level tools send ---------
-# Declared by the model that holds the name and refuses (core_model.py), so that the refusal is its own.
+# Declared by the model that holds the name and refuses (front/core_model.py), so that the refusal is its own.
 CORE_MODEL_INPUTS = _tensors(
     ("input_ids", "INT32", ANY),
     ("input_lengths", "INT32", ONE),
