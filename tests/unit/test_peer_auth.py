@@ -11,10 +11,11 @@ from pathlib import Path
 from tokenrouter.serving.peer_auth import carries_secret, peer_parameters, secret_path, server_secret
 
 
-STUB = "from pathlib import Path; from tokenrouter.serving.peer_auth import server_secret; print(server_secret(folder=Path({!r})))"
+STUB = ("from pathlib import Path; from tokenrouter.serving.peer_auth import server_secret; "
+        "print(server_secret(folder=Path({!r})))")
 # a stand-in for tritonserver: starts a "stub" that prints the secret it reads, then stays up
-SERVER = "import subprocess, sys, time; print(subprocess.run([sys.executable, '-c', sys.argv[1]], capture_output=True, " \
-         "text=True, check=True).stdout, flush=True); time.sleep(60)"
+SERVER = ("import subprocess, sys, time; print(subprocess.run([sys.executable, '-c', sys.argv[1]], "
+          "capture_output=True, text=True, check=True).stdout, flush=True); time.sleep(60)")
 
 
 def _server(folder: Path) -> subprocess.Popen:

@@ -34,8 +34,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..config import ConfigError, FrontendSpec, ModelSpec, TokenRouterConfig, load_config
 from ..runtime.strategies import MULTI_PROCESS
 from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS, EXCLUDE_INPUT,
-                     POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
-                     PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
+                     POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
+                     ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
 
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
