@@ -273,6 +273,8 @@ def test_front_names_mode_and_batch_size_come_from_the_config_and_read_back(tmp_
     ({"frontend": {"names": ["tensorrt_llm"]}},
      "frontend.names: .*'tensorrt_llm' is taken by the repository's own tensorrt_llm"),
     ({"frontend": {"names": ["a", "a"]}}, "frontend.names: .*names repeat"),
+    ({"frontend": {"names": ["tokenrouter"], "one_token_per_response": ["ensemble"]}},
+     r"frontend: .*one_token_per_response: \['ensemble'\] are not in names \['tokenrouter'\]"),
     ({"frontend": {"names": ["bad/name"]}}, "frontend.names: .*'bad/name' is not a model folder name"),
     ({"frontend": {"names": []}}, "frontend.names"),
     ({"frontend": {"names": ["small"]}}, "models.small: a front model has that name"),

@@ -34,7 +34,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..config import ConfigError, FrontendSpec, ModelSpec, TokenRouterConfig, load_config
 from ..runtime.strategies import MULTI_PROCESS
 from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS, EXCLUDE_INPUT,
-                     POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
+                     ONE_TOKEN_PER_RESPONSE, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                      ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
 
 PREPROCESSING = "preprocessing"
@@ -202,6 +202,7 @@ def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template
     limits = {name: getattr(frontend, name) for name in FAN_OUT_LIMITS}
     for name in frontend.names:
         write_front(repo_dir, name, {**text, **limits, EXCLUDE_INPUT: frontend.exclude_input_in_output,
+                                     ONE_TOKEN_PER_RESPONSE: name in frontend.one_token_per_response,
                                      "entry": entry}, decoupled=frontend.decoupled,
                     max_batch_size=frontend.max_batch_size)
     pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS.values(),
@@ -419,6 +420,8 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
         "max_model_len": json_param("max_model_len"),
         # the first front's config speaks for all (each front reads its own mode from its own config)
         "frontend": {"names": fronts, "decoupled": first_front.model_transaction_policy.decoupled,
+                     ONE_TOKEN_PER_RESPONSE: [name for name in fronts if _decode(model_parameters(
+                         repo_dir / name).get(ONE_TOKEN_PER_RESPONSE, "false"), text=False) is True],
                      "max_batch_size": first_front.max_batch_size,
                      **{name: int(first_front.parameters[name].string_value) for name in FAN_OUT_LIMITS
                         if name in first_front.parameters},

@@ -166,6 +166,9 @@ SUBSERVER_OUTPUTS = _tensors(
     ("error", "BYTES", ONE),
     ("error_code", "BYTES", ONE),
 )
+# A front's request parameter (with its value "true") that asks the entry for one token per streamed
+# response, unpaced (front parameter of the same name; config frontend.one_token_per_response)
+ONE_TOKEN_PER_RESPONSE = "one_token_per_response"
 # The RequestSpec field behind each scalar subserver input, converted with .item(); the front
 # fills them from the client's inputs of the same names, the entry's intake reads them back.
 SPEC_SCALARS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "presence_penalty",

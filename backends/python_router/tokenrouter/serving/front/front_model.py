@@ -13,7 +13,8 @@ a BLS request.
 
 Parameters: ``entry`` (the entry subserver), ``tokenizer``, ``chat_template``, ``max_model_len``,
 ``max_input_bytes`` (as preprocessing's), the fan-out limits ``max_return_sequences``,
-``max_generations`` and ``max_words`` and the default of ``exclude_input_in_output`` (config ``frontend``).
+``max_generations`` and ``max_words``, the default of ``exclude_input_in_output``, and
+``one_token_per_response`` (whether this front streams each token alone, as TensorRT-LLM does; config ``frontend``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ...runtime.request import RequestError
 from ..cpu_sampler import CpuSampler
 from ..peer_auth import (CONTROL_PARAMETER, REASON_PARAMETER, carries_secret, front_request_parameters,
                          new_request_key, request_parameters, server_secret)
-from ..schema import EXCLUDE_INPUT
+from ..schema import EXCLUDE_INPUT, ONE_TOKEN_PER_RESPONSE
 from ..text.text_inputs import TextInputs
 from ..text.tokenizer_stub import load_codec, model_parameters, parse_bool
 from .entry_call import EntryError, cancel_at_entry, stream_from_entry
@@ -48,6 +49,9 @@ class TritonPythonModel:
         self.text = TextInputs(codec, tokenizer_path, parameters)
         self.limits = FanOutLimits.from_parameters(parameters)
         self.exclude_input = parse_bool(parameters.get(EXCLUDE_INPUT, "false"))
+        # what the entry is asked for each generation: one token per streamed response (TensorRT-LLM's names)
+        self.entry_parameters = {ONE_TOKEN_PER_RESPONSE: "true"} \
+            if parse_bool(parameters.get(ONE_TOKEN_PER_RESPONSE, "false")) else {}
         self.entry = parameters.get("entry") or ""
         if not self.entry:
             raise ValueError(f"{args['model_name']}: parameter 'entry' (the entry subserver) is empty")
@@ -100,7 +104,7 @@ class TritonPythonModel:
         output = GenerationOutput(self.text.codec, generation)
         try:
             for chunk in stream_from_entry(pb_utils, self.entry, generation.entry_inputs(), output.entry_outputs(),
-                                           front_request_parameters(self.secret, key)):
+                                           {**front_request_parameters(self.secret, key), **self.entry_parameters}):
                 outputs = output.response(chunk)
                 if outputs is not None:
                     self.writer.respond(client, outputs, last_of_generation=chunk.final)
