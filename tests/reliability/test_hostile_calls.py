@@ -7,8 +7,10 @@ finish as if nothing happened, the refusal is counted, and both KV pools end idl
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import time
+from pathlib import Path
 
 import pytest
 from tritonclient.utils import InferenceServerException
@@ -19,6 +21,7 @@ from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from tokenrouter.protocol import PeerMessage, RequestSpec, encode_batch
 from tokenrouter.serving.peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REQUEST_KEY_PARAMETER,
                                            SECRET_PARAMETER, new_request_key)
+from tokenrouter.launch.triton_server import stub_pids
 
 
 def _direct_stream(url: str, model: str, arrays: dict, parameters: dict | None = None) -> None:
@@ -128,6 +131,9 @@ def test_forged_control_calls_and_request_keys_are_refused_counted_and_change_no
         with pytest.raises(InferenceServerException, match="refused"):
             _direct_stream(server.grpc_url, "slm", inputs(input_ids=[5, 6, 7], max_tokens=4),
                            {REQUEST_KEY_PARAMETER: new_request_key()})
+        for parameters in FORGED_PARAMETERS:  # the fronts take the launcher's shutdown too (the victims' front)
+            with pytest.raises(InferenceServerException, match="is for this server's launcher; refused"):
+                _direct_stream(server.grpc_url, "tokenrouter", inputs(stream=False), parameters)
         assert not any(victim.done() for victim in victims), "the victims ended before the forgeries: longer ones"
         for victim in victims:
             ids, _, reason = victim.result(timeout=120)
@@ -155,3 +161,40 @@ def test_integer_overflow_over_http_is_refused_not_wrapped(routing_server, field
     status, text = http_post(routing_server.http_url, "/v2/models/tokenrouter/generate",
                              {"text_input": PROMPTS[0], field: value} | ({} if field == "max_tokens" else {"max_tokens": 4}))
     assert 400 <= status < 500, (status, text[:300])
+
+
+def _server_processes(server_pid: int) -> list[int]:
+    """tritonserver and everything under it (its stubs and what they started)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [server_pid]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def test_the_peer_secret_is_in_no_environment_and_no_model_config(routing_server):
+    """Whatever a stub starts inherits its environment, and an environment leaks (a crash report, a
+    debug dump, `ps e`); the secret forges every peer and control call. So it is in no process's
+    environment (it once was in tritonserver's, hence in every stub's), and no model's config, as
+    any client reads it, holds it or the admin key."""
+    secret, key = routing_server.peer_secret, routing_server.admin_key
+    processes = _server_processes(routing_server.process.pid)
+    stubs = set(stub_pids(routing_server.process.pid).values())
+    assert len(stubs) >= 7 and stubs <= set(processes), (stubs, processes)  # the fronts, subservers, text models
+    for pid in processes:
+        environment = Path(f"/proc/{pid}/environ").read_bytes()
+        assert secret.encode() not in environment, f"the peer secret is in the environment of pid {pid}"
+    host, port = routing_server.http_url.rsplit(":", 1)
+    for model in sorted(stub_pids(routing_server.process.pid)):
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        connection.request("GET", f"/v2/models/{model}/config")
+        config = connection.getresponse().read().decode()
+        assert model in config and secret not in config and key not in config, model

@@ -4,6 +4,7 @@ streams in flight finish, refuses new ones, and leaves no process or shared-memo
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import signal
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import openai
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from tokenrouter.client import grpc_stream, inputs
+from tokenrouter.client import GrpcStream, grpc_stream, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _descendants, _launch, wait_stopped
 from tokenrouter.launch.triton_server import SHM_DIR, SHM_PATTERN, shm_regions_of
@@ -80,6 +81,44 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
         assert "tokenrouter serve: drained" in wait_stopped(launcher, server_pids, 120)
         assert not regions & set(SHM_DIR.glob(SHM_PATTERN)), "shared-memory regions left behind"
     finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+IDLE_CLIENTS = 24
+
+
+def test_sigterm_after_traffic_stops_in_seconds_while_clients_stay_connected(tmp_path: Path) -> None:
+    """Nothing in flight, but the clients of 24 finished streams keep their gRPC streams open (as
+    TensorRT-LLM's clients and load generators do) and one HTTP keep-alive connection idles. Triton
+    2.51 keeps a front referenced by every open stream whose first request went to it, so its unload
+    never finished: the drain timed out after 30 s and tritonserver then waited out its exit timeout
+    for the idle clients (48-50 s in all). Now the drain ends when the entry holds no request, and
+    tritonserver is given a short exit timeout."""
+    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"))
+    url = f"127.0.0.1:{ports.grpc}"
+    streams = [GrpcStream(url) for _ in range(IDLE_CLIENTS)]
+    keep_alive = http.client.HTTPConnection("127.0.0.1", ports.http, timeout=60)
+    try:
+        server_pids = _descendants(launcher.pid)
+        for i, stream in enumerate(streams):
+            stream.send(inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True, max_tokens=16, min_tokens=16))
+        for stream in streams:
+            assert sum(reply["output_ids"].size for reply in stream.replies(timeout_s=120)) == 16
+        keep_alive.request("POST", "/v2/models/tokenrouter/generate", body=b'{"text_input": "x", "max_tokens": 2}')
+        assert keep_alive.getresponse().read()  # answered; the connection stays open
+        started = time.monotonic()
+        launcher.send_signal(signal.SIGTERM)
+        output = wait_stopped(launcher, server_pids, 120)
+        took = time.monotonic() - started
+        print(f"SIGTERM to exit with {IDLE_CLIENTS} idle streams and a keep-alive connection: {took:.1f} s")
+        assert "tokenrouter serve: drained" in output, output[-3000:]
+        assert took < 15.0, f"SIGTERM with nothing in flight took {took:.1f} s:\n{output[-3000:]}"
+    finally:
+        keep_alive.close()
+        for stream in streams:
+            stream.close()
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()

@@ -21,8 +21,8 @@ import pytest
 
 from e2e.conftest import render_echo_repository
 from e2e.test_serve import _launch, triton_pid
-from tokenrouter.client import http_generate, http_post
-from tokenrouter.launch.supervisor import FREE_RESTARTS
+from tokenrouter.client import GrpcStream, http_generate, http_post, inputs
+from tokenrouter.launch.supervisor import BACKOFF_MAX_S, FREE_RESTARTS, NOT_READY_S
 from tokenrouter.launch.triton_server import ADMIN_HEADER, process_alive, shm_regions_of, stub_pids
 
 RESTARTS = FREE_RESTARTS + 1  # past the 5 after which the launcher used to exit ("giving up")
@@ -37,7 +37,7 @@ class Launcher:
     def __init__(self, repository: Path) -> None:
         self.repository = repository
         self.process, ports = _launch("--model-repository", str(repository))
-        self.http_url = f"127.0.0.1:{ports.http}"
+        self.http_url, self.grpc_url = f"127.0.0.1:{ports.http}", f"127.0.0.1:{ports.grpc}"
         self.lines: list[str] = []  # kept read: a full pipe would block the launcher
         threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True).start()
 
@@ -140,3 +140,46 @@ def test_a_killed_tritonserver_leaves_no_shared_memory(launcher: Launcher) -> No
     launcher.wait_for(READY_AGAIN, ready + 1)
     launcher.serves()
     assert not {region for region in regions if region.exists()}, "regions of the killed server left behind"
+
+
+def test_an_unload_that_an_open_stream_holds_is_healed(launcher: Launcher) -> None:
+    """A client keeps its gRPC stream open after its answer (TensorRT-LLM's clients and load generators
+    do): Triton 2.51 then cannot finish an unload of the front that stream's first request went to.
+    The front stayed UNLOADING, its stub alive and the server not ready for as long as the client
+    stayed (over 6 minutes seen), and nothing noticed."""
+    ready = launcher.count(READY_AGAIN)
+    stream = GrpcStream(launcher.grpc_url)
+    try:
+        assert len(stream.request(inputs(text_input=PROMPT, stream=True, max_tokens=4))) >= 1
+        status, text = http_post(launcher.http_url, "/v2/repository/models/tokenrouter/unload",
+                                 headers={ADMIN_HEADER: launcher.admin_key()})
+        assert status == 200, text
+        time.sleep(2.0)
+        assert "tokenrouter" in launcher.stubs(), "the unload finished: the open stream no longer holds the front"
+        launcher.wait_for(READY_AGAIN, ready + 1, timeout_s=NOT_READY_S + RESTART_S)
+    finally:
+        stream.close()
+    assert any("model tokenrouter is not ready" in line for line in launcher.lines)
+    launcher.serves()
+
+
+FORCED_RESTARTS = 20
+
+
+@pytest.mark.slow
+def test_twenty_forced_restarts_within_ten_minutes_and_it_serves_after_each(launcher: Launcher) -> None:
+    """Last in the module (past 5 restarts in 10 minutes each one waits up to 15 s). A stub killed
+    every time the server is back: the supervisor never gives up, each restart is one, and the server
+    serves after every one."""
+    models = sorted(launcher.stubs())
+    restarts, started = launcher.count(RESTARTING), time.monotonic()
+    for i in range(FORCED_RESTARTS):
+        os.kill(launcher.stubs()[models[i % len(models)]], signal.SIGKILL)
+        launcher.wait_for(READY_AGAIN, launcher.count(READY_AGAIN) + 1, timeout_s=RESTART_S + 15)
+        launcher.serves()
+        assert launcher.count(RESTARTING) == restarts + i + 1, "".join(launcher.lines[-20:])
+    took = time.monotonic() - started
+    print(f"{FORCED_RESTARTS} forced restarts, served after each, in {took:.0f} s")
+    # the backoff reached its cap, and the launcher went on (it used to give up after 5 in 10 minutes)
+    assert any(f"in {BACKOFF_MAX_S:g} s (" in line for line in launcher.lines), "".join(launcher.lines[-20:])
+    assert launcher.process.poll() is None

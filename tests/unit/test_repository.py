@@ -246,6 +246,17 @@ def test_every_front_declares_tensorrt_llms_whole_interface(front: str, tmp_path
     assert read_model_config(tmp_path / "repo" / front).parameters["entry"].string_value == "small"
 
 
+def test_tensorrt_llm_is_a_decoupled_model_that_declares_the_core_model_inputs(tmp_path: Path) -> None:
+    """A stream client naming TensorRT-LLM's core model must reach a decoupled model: see core_model.py."""
+    from tokenrouter.serving.schema import CORE_MODEL_INPUTS
+
+    repo = render_repository(rich_config(tmp_path), tmp_path / "repo")
+    config = read_model_config(repo / "tensorrt_llm")
+    assert config.model_transaction_policy.decoupled and config.backend == "python"
+    assert [t.name for t in config.input] == list(CORE_MODEL_INPUTS)
+    assert {"input_ids", "input_lengths", "request_output_len", "pad_id", "end_id"} <= set(CORE_MODEL_INPUTS)
+
+
 def test_front_names_mode_and_batch_size_come_from_the_config_and_read_back(tmp_path: Path) -> None:
     raw = rich_config(tmp_path)
     raw["frontend"] = {"names": ["llm_front", "ensemble"], "decoupled": False, "max_batch_size": 4}
@@ -259,7 +270,11 @@ def test_front_names_mode_and_batch_size_come_from_the_config_and_read_back(tmp_
 @pytest.mark.parametrize(("change", "message"), [
     ({"frontend": {"names": ["routing_policy"]}},
      "frontend.names: .*'routing_policy' is taken by the repository's own routing_policy"),
+    ({"frontend": {"names": ["tensorrt_llm"]}},
+     "frontend.names: .*'tensorrt_llm' is taken by the repository's own tensorrt_llm"),
     ({"frontend": {"names": ["a", "a"]}}, "frontend.names: .*names repeat"),
+    ({"frontend": {"names": ["tokenrouter"], "one_token_per_response": ["ensemble"]}},
+     r"frontend: .*one_token_per_response: \['ensemble'\] are not in names \['tokenrouter'\]"),
     ({"frontend": {"names": ["bad/name"]}}, "frontend.names: .*'bad/name' is not a model folder name"),
     ({"frontend": {"names": []}}, "frontend.names"),
     ({"frontend": {"names": ["small"]}}, "models.small: a front model has that name"),

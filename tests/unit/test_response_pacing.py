@@ -84,3 +84,38 @@ def test_a_chunk_after_a_final_one_is_not_merged_into_it() -> None:
     out = feed(pacer, final, data("a", [2], ["slm"], [1]))
     assert out == [final] and final.chunk.tokens == [1]  # sent on its own (and refused by Triton)
     assert [i.chunk.tokens for i in pacer.due(0.0, INTERVAL)] == [[2]]
+
+
+def test_a_chunk_that_must_go_alone_is_never_held_nor_merged() -> None:
+    """One token per response (a front under TensorRT-LLM's names asked for it): each chunk goes out
+    at once, however soon after the last, and other streams keep their pacing."""
+    pacer = Pacer()
+    alone = [QueuedChunk("t", "sender-t", data("t", [n], ["slm"], []).chunk, alone=True) for n in (1, 2, 3)]
+    assert feed(pacer, *alone) == alone  # all three at once, none merged
+    assert feed(pacer, data("p", [1], ["slm"], []), data("p", [2], ["slm"], [1])) == []  # paced: held
+    assert pacer.next_due(0.0, INTERVAL) is not None and all(item.rid == "p" for item in pacer.due(0.0, INTERVAL))
+
+
+def test_the_sink_splits_a_run_of_tokens_into_one_response_each_when_asked() -> None:
+    """A peer's run of tokens arrives at the entry at once; TensorRT-LLM's streaming sends each alone,
+    the finish with the last; logprobs and the decoding prefix follow each token."""
+    from tokenrouter.serving.subserver.triton_sink import TritonSink
+
+    class Writer:
+        def __init__(self) -> None:
+            self.sent: list = []
+
+        def respond(self, rid, sender, chunk, wanted, alone=False) -> None:
+            self.sent.append((chunk, alone))
+
+    for one_token, sizes in ((True, [1, 1, 1]), (False, [3])):
+        writer = Writer()
+        sink = TritonSink(writer, "r", "sender", True, ["slm", "llm"], 0, one_token=one_token)
+        sink.on_output([5, 6, 7], [1, 1, 0], "length", logprobs=[-0.5, -0.25, -1.0])
+        chunks = [chunk for chunk, _ in writer.sent]
+        assert [len(c.tokens) for c in chunks] == sizes and all(alone == one_token for _, alone in writer.sent)
+        assert [t for c in chunks for t in c.tokens] == [5, 6, 7]
+        assert [o for c in chunks for o in c.origins] == [b"llm", b"llm", b"slm"]
+        assert [p for c in chunks for p in c.logprobs] == [-0.5, -0.25, -1.0]
+        assert [c.finish_reason for c in chunks] == [None] * (len(sizes) - 1) + ["length"]
+        assert chunks[-1].prefix == ([5, 6] if one_token else [])

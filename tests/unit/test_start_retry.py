@@ -98,3 +98,20 @@ def test_a_start_that_never_gets_ready_leaves_no_process(tmp_path: Path) -> None
     while process_alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not process_alive(child)
+
+
+def test_a_start_says_how_long_tritonserver_and_the_models_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The restart time split the supervisor logs: tritonserver's own start (to its first model's
+    load), the models' loading (to the last one loaded), and the wait for readiness after that."""
+    from tokenrouter.launch import triton_server
+
+    clock = iter([0.0, 1.5, 9.0, 14.0, 14.5])
+    monkeypatch.setattr(triton_server.time, "monotonic", lambda: next(clock))
+    times = triton_server.StartTimes()  # started at 0.0
+    times.see('I1204 16:23:36.19 model_lifecycle.cc:472] "loading: slm:1"')  # 1.5
+    times.see('I1204 16:23:36.19 model_lifecycle.cc:472] "loading: llm:1"')  # not the first: no clock read
+    times.see("I1204 16:24:26.47 model_lifecycle.cc:839] \"successfully loaded 'llm'\"")  # 9.0
+    times.see("I1204 16:25:11.96 model_lifecycle.cc:839] \"successfully loaded 'slm'\"")  # 14.0
+    times.ready = next(clock)  # 14.5
+    assert times.summary() == ("14.5 s: tritonserver 1.5 s, loading the models 12.5 s (the last, slm), "
+                               "ready 0.5 s later")

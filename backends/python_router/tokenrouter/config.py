@@ -152,7 +152,7 @@ class SchedulingSpec(_Strict):
 
 
 FRONT_NAMES = ("tokenrouter", "ensemble", "tensorrt_llm_bls")  # ours, and TensorRT-LLM's model names
-RESERVED_NAMES = ("preprocessing", "postprocessing", "routing_policy")
+RESERVED_NAMES = ("preprocessing", "postprocessing", "routing_policy", "tensorrt_llm")
 
 
 class FrontendSpec(_Strict):
@@ -173,6 +173,13 @@ class FrontendSpec(_Strict):
     max_generations: int = Field(64, ge=1, description="generations per request: rows x num_return_sequences")
     max_words: int = Field(1024, ge=1, description="words per row in each of stop_words, bad_words, "
                                                    "embedding_bias_words")
+    # TensorRT-LLM streams one token per response, and tools that count responses as tokens rely on it;
+    # the entry's pacing (scheduling.max_responses_per_s) merges tokens where many streams run. The
+    # fronts under TensorRT-LLM's names stream as TensorRT-LLM does (docs/config.md: the measurement).
+    one_token_per_response: list[str] = Field(
+        default_factory=lambda: ["ensemble", "tensorrt_llm_bls"],
+        description="the fronts whose streams carry one token per response, as TensorRT-LLM's; the others' "
+                    "responses are paced (scheduling.max_responses_per_s) and may carry several")
 
     @field_validator("names")
     @classmethod
@@ -185,6 +192,15 @@ class FrontendSpec(_Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"names repeat: {names}")
         return names
+
+    @model_validator(mode="after")
+    def _known_fronts(self) -> "FrontendSpec":
+        unknown = [name for name in self.one_token_per_response if name not in self.names]
+        if unknown and "one_token_per_response" in self.model_fields_set:
+            raise ValueError(f"one_token_per_response: {unknown} are not in names {self.names}")
+        if unknown:  # the default names TensorRT-LLM's fronts, which a config may leave out
+            self.one_token_per_response = [name for name in self.one_token_per_response if name in self.names]
+        return self
 
 
 class TokenRouterConfig(_Strict):

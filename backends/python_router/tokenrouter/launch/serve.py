@@ -37,6 +37,10 @@ DEFAULT_CONFIG = shipped_config("qwen2.5-coder.yaml")
 TINY_CONFIG = shipped_config("tiny.yaml")
 TINY_FAMILY, TINY_SEED = "qwen3", 0
 ENDING_GRACE_S = 5.0  # after the drain timeout: for the requests' errors to reach their clients
+# tritonserver's own wait when it stops: the drain has ended every request by then, so all it would wait
+# for is idle clients (an idle HTTP keep-alive connection, or a gRPC stream, holds it for its whole
+# exit timeout, 10 s by default) and the unloading of the models, which nothing needs
+EXIT_TIMEOUT_S = 3
 
 
 class _Stop(Exception):
@@ -167,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C while models are fetched or converted
         return 130
     server = TritonServer(repository, backend_dir, install, Ports(args.http_port, args.grpc_port, args.metrics_port),
-                          host=args.host, log_sink=write_lines(sys.stderr), extra_args=tuple(args.triton_arg))
+                          host=args.host, log_sink=write_lines(sys.stderr), extra_args=tuple(args.triton_arg),
+                          exit_timeout_s=EXIT_TIMEOUT_S)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def announce(line: str) -> None:
@@ -191,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
             announce(f"OpenAI API: {api.url}/v1 (models {', '.join(fronts)}; "
                      f"{'Authorization: Bearer <key> required' if args.api_key else 'no API key'})")
         announce(f"the repository API (load, unload, index) needs the header {ADMIN_HEADER} with the key in {key_file}")
-        supervisor = Supervisor(server, entry, args.ready_timeout, announce, openai=api)
+        announce(f"started in {server.start_times.summary()}")
+        supervisor = Supervisor(server, entry, fronts, args.ready_timeout, announce, openai=api)
         try:
             supervisor.run_forever()
         finally:
@@ -202,12 +208,12 @@ def run(args: argparse.Namespace) -> int:
         _ignore_stop_signals()
         if api is not None:
             api.signal_stop()  # takes no new connection; its requests in flight drain with Triton's
-        if not server.drain(fronts, args.drain_timeout):
+        if not server.drain(fronts, args.drain_timeout, entry):
             reason = f"the server is shutting down; the request did not finish within {args.drain_timeout:g} s"
             print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
             if entry is not None:
                 server.end_in_flight(entry, reason)
-            server.drain(fronts, ENDING_GRACE_S)  # their errors reach the clients through the fronts
+            server.drain(fronts, ENDING_GRACE_S, entry)  # their errors reach the clients through the fronts
         else:
             print("tokenrouter serve: drained", file=sys.stderr)
         if api is not None:

@@ -23,6 +23,12 @@ from .triton_server import TritonError, TritonServer, process_alive
 
 WATCH_PERIOD_S = 0.25
 OPENAI_SERVER = "<the OpenAI server>"  # what _watch names when that process died
+# Every STATES_PERIOD_S the models' states are read too: a model that is neither READY nor LOADING (an
+# operator's reload, which may take minutes) for NOT_READY_S is a fault. An unload that cannot finish
+# leaves its model UNLOADING, its stub alive and the server not ready for as long as a client keeps a
+# gRPC stream open to it (Triton 2.51 holds the model for each such stream; triton_server.py, drain),
+# which nothing else would notice.
+STATES_PERIOD_S, NOT_READY_S = 2.0, 10.0
 ERRORS_GRACE_S = 0.5  # for the errors of the requests in flight to reach their clients
 # Up to FREE_RESTARTS restarts within RESTART_WINDOW_S go at once; each one past that waits twice as
 # long as the one before, from BACKOFF_FIRST_S up to BACKOFF_MAX_S: a crash loop does not spin the
@@ -32,12 +38,14 @@ BACKOFF_FIRST_S, BACKOFF_MAX_S = 1.0, 15.0
 
 
 class Supervisor:
-    def __init__(self, server: TritonServer, entry: str | None, ready_timeout_s: float,
+    def __init__(self, server: TritonServer, entry: str | None, fronts: list[str], ready_timeout_s: float,
                  say: Callable[[str], None], openai: OpenAIServer | None = None) -> None:
         """``server``: started and ready; the models that have a Python stub now must have one
-        after every restart. ``entry``: the entry subserver (None: not a TokenRouter repository,
-        nothing to end by hand). ``openai``: the OpenAI server, started and ready (None: none)."""
-        self.server, self._entry, self._ready_timeout_s, self._say = server, entry, ready_timeout_s, say
+        after every restart. ``entry``: the entry subserver, ``fronts`` the front models (None and []:
+        not a TokenRouter repository, nothing to end by hand). ``openai``: the OpenAI server, started
+        and ready (None: none)."""
+        self.server, self._entry, self._fronts = server, entry, fronts
+        self._ready_timeout_s, self._say = ready_timeout_s, say
         self.openai = openai
         self._models = frozenset(server.ready_stubs)
         self._restarts: deque[float] = deque()
@@ -57,6 +65,8 @@ class Supervisor:
         missing = sorted(self._models - set(stubs))
         if missing:  # e.g. an unload that landed while the server was starting
             return f"model {', '.join(missing)} has no Python stub (not loaded)", missing
+        not_ready: dict[str, float] = {}  # model -> since when it is seen not READY
+        states_read = time.monotonic()
         while True:
             time.sleep(WATCH_PERIOD_S)
             code = self.server.process.poll()
@@ -64,6 +74,11 @@ class Supervisor:
                 return f"tritonserver exited with code {code}", list(stubs)
             if self.openai is not None and not self.openai.alive():
                 return f"the OpenAI server exited with code {self.openai.process.returncode}", [OPENAI_SERVER]
+            if time.monotonic() - states_read >= STATES_PERIOD_S:
+                states_read = time.monotonic()
+                stuck = self._not_ready_for_long(not_ready)
+                if stuck:
+                    return f"model {', '.join(stuck)} is not ready (an unload that cannot finish?)", stuck
             dead = sorted(model for model, pid in stubs.items() if not process_alive(pid))
             if not dead:
                 continue
@@ -76,13 +91,26 @@ class Supervisor:
                 continue
             return f"the Python stub of model {', '.join(dead)} died", dead
 
+    def _not_ready_for_long(self, not_ready: dict[str, float]) -> list[str]:
+        """The watched models that the index has shown neither READY nor LOADING for NOT_READY_S (``not_ready``:
+        since when each was seen so, kept by the caller); an index that cannot be read says nothing."""
+        states = self.server.model_states()
+        if not states:
+            return []
+        now = time.monotonic()
+        for model in self._models:
+            if states.get(model) in ("READY", "LOADING"):
+                not_ready.pop(model, None)
+            else:
+                not_ready.setdefault(model, now)
+        return sorted(model for model, since in not_ready.items() if now - since >= NOT_READY_S)
+
     def _restart(self, cause: str, dead: list[str]) -> None:
         delay = self._next_delay_s()
         self._say(f"{cause}; ending the requests in flight and restarting tritonserver"
                   + (f" in {delay:g} s ({len(self._restarts)} restarts within {RESTART_WINDOW_S:g} s)" if delay else ""))
-        if self._entry is not None and self._entry not in dead:
-            if self.server.end_in_flight(self._entry, f"{cause}; the server is restarting, try again"):
-                time.sleep(ERRORS_GRACE_S)
+        if self._end_in_flight(f"{cause}; the server is restarting, try again", dead):
+            time.sleep(ERRORS_GRACE_S)
         # Killed at once: the requests the entry could not end (it died, or the server did) see the
         # connection close now rather than after a graceful shutdown, and the restart starts sooner.
         self.server.stop(grace_s=0.0)
@@ -95,7 +123,7 @@ class Supervisor:
                 delay = self._next_delay_s()
                 self._say(f"the restart failed ({str(failed).splitlines()[0]}); trying again in {delay:g} s")
                 continue
-            self._say("ready again")
+            self._say(f"ready again in {self.server.start_times.summary()}")
             return
 
     def _restart_openai(self, cause: str) -> None:
@@ -112,6 +140,16 @@ class Supervisor:
                 continue
             self._say("the OpenAI server is ready again")
             return
+
+    def _end_in_flight(self, reason: str, dead: list[str]) -> bool:
+        """Every live model that holds client requests ends them with ``reason``: the fronts (their
+        clients learn it even when the entry is the model that died) and the entry (its own clients,
+        and it frees their KV). Whether any did."""
+        ended = [self.server.end_in_flight(front, reason, subserver=False)
+                 for front in self._fronts if front not in dead]
+        if self._entry is not None and self._entry not in dead:
+            ended.append(self.server.end_in_flight(self._entry, reason))
+        return any(ended)
 
     def _next_delay_s(self) -> float:
         """Counts a restart; how long to wait before it."""

@@ -13,6 +13,7 @@ import ctypes
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from tokenrouter.serving.peer_auth import SECRET_ENV, control_parameters, new_secret
+from tokenrouter.serving.peer_auth import control_parameters, new_secret, secret_path, server_secret
 from tokenrouter.serving.schema import PEER_INPUT
 
 from .paths import backend_entry
@@ -54,6 +55,10 @@ RESTRICTED_APIS = "model-repository,trace,logging"
 ADMIN_HEADER = "tokenrouter-admin-key"
 
 START_ATTEMPTS = 3  # a start that aborts is tried again this many times in all
+# The entry subserver's gauges of the requests it holds, and how long they must read 0 for a drain
+# to be over (the metrics refresh every 0.5 s)
+HELD_GAUGES = ("tokenrouter_active_requests", "tokenrouter_queue_depth")
+IDLE_S = 1.0
 
 
 def check_numpy_for_wheel_stub() -> None:
@@ -65,6 +70,35 @@ def check_numpy_for_wheel_stub() -> None:
     if int(numpy.__version__.split(".")[0]) >= 2:
         raise TritonError(f"the bundled tritonserver's Python stub needs numpy 1.x, found {numpy.__version__}: "
                           "run tools/install.sh, or `pip install --no-deps numpy==1.26.4`")
+
+
+_LOADED = re.compile(r"successfully loaded '([^']+)'")
+
+
+@dataclass
+class StartTimes:
+    """How long a start's phases took, from tritonserver's log as it comes: its own start up to the
+    first model's load, the models' loading (the Python stubs: interpreter, imports, weights), and the
+    rest until the server answered ready."""
+
+    started: float = field(default_factory=lambda: time.monotonic())
+    first_loading: float | None = None
+    loaded: dict[str, float] = field(default_factory=dict)  # model -> when Triton said it had loaded
+    ready: float | None = None
+
+    def see(self, line: str) -> None:
+        if self.first_loading is None and '"loading: ' in line:
+            self.first_loading = time.monotonic()
+        if match := _LOADED.search(line):
+            self.loaded[match.group(1)] = time.monotonic()
+
+    def summary(self) -> str:
+        loading = self.first_loading or self.started
+        last = max(self.loaded.values(), default=loading)
+        ready = self.ready or last
+        slowest = f" (the last, {max(self.loaded, key=self.loaded.__getitem__)})" if self.loaded else ""
+        return (f"{ready - self.started:.1f} s: tritonserver {loading - self.started:.1f} s, loading the models "
+                f"{last - loading:.1f} s{slowest}, ready {ready - last:.1f} s later")
 
 
 @dataclass(frozen=True)
@@ -187,6 +221,7 @@ class TritonServer:
     exit_timeout_s: int = 10
     process: subprocess.Popen[str] | None = field(default=None, init=False)
     peer_secret: str = field(default="", init=False, repr=False)
+    _secret_file: Path | None = field(default=None, init=False, repr=False)
     # Held by the launcher only: Triton refuses the repository API (load, unload, index), trace and
     # logging to any request without it (--http-restricted-api / --grpc-restricted-protocol), so no
     # client can load code into the server or unload a model. Kept across restarts (replace copies it).
@@ -198,6 +233,7 @@ class TritonServer:
     # its shared-memory regions, read then too: once tritonserver is killed its stubs exit, and
     # nothing maps them any more when stop() looks (Triton removes them on a clean exit only)
     ready_regions: set[Path] = field(default_factory=set, init=False)
+    start_times: StartTimes = field(default_factory=StartTimes, init=False)
     _reader: threading.Thread | None = field(default=None, init=False)
 
     def command(self) -> list[str]:
@@ -232,10 +268,10 @@ class TritonServer:
         if self.process is not None:
             raise TritonError("server already started")
         remove_stale_shm_regions()
-        self.peer_secret = new_secret()  # the subservers' peer messages carry it; one per start
+        self.start_times = StartTimes()
         self.process = subprocess.Popen(
             self.command(),
-            env={**server_env(self.install), SECRET_ENV: self.peer_secret},
+            env=server_env(self.install),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -246,12 +282,17 @@ class TritonServer:
         )
         self._reader = threading.Thread(target=self._read_log, name="tritonserver-log", daemon=True)
         self._reader.start()
+        # the subservers' peer messages and the launcher's control calls carry it; one per start, in a
+        # private file named after this process (not in its environment: peer_auth.py)
+        self._secret_file = secret_path(self.process.pid)
+        self.peer_secret = server_secret(self.process.pid)
         return self
 
     def _read_log(self) -> None:
         assert self.process is not None and self.process.stdout is not None
         for line in self.process.stdout:
             line = line.rstrip("\n")
+            self.start_times.see(line)
             self.tail.append(line)
             if self.log_sink is not None:
                 self.log_sink(line)
@@ -279,6 +320,7 @@ class TritonServer:
                     f"last log lines:\n{self.log_tail()}"
                 )
             if self.is_ready():
+                self.start_times.ready = time.monotonic()
                 self.ready_stubs, self.ready_regions = self.stubs(), self._shm_regions()
                 return self
             time.sleep(0.25)
@@ -308,7 +350,7 @@ class TritonServer:
         """Model name -> pid of its Python-backend stub."""
         return stub_pids(self.process.pid)
 
-    def drain(self, models: list[str], timeout_s: float) -> bool:
+    def drain(self, models: list[str], timeout_s: float, entry: str | None = None) -> bool:
         """Stop admitting requests to ``models`` (the fronts) and wait up to ``timeout_s`` for their
         in-flight ones.
 
@@ -317,6 +359,13 @@ class TritonServer:
         soon as the server stops, so streams failed with "Server not ready". So the fronts are
         unloaded first: Triton refuses new requests to them at once and finishes an unload only
         when the model's last in-flight request is done, with every other model still up.
+
+        But a model is also held by every client gRPC stream whose first request went to it, until
+        the client closes that stream (Triton 2.51 keeps that request's state for the stream's
+        cancellation notice, stream_infer_handler.cc), so the unload of a front that clients keep
+        idle streams to never finishes, however long ago their last answer came. So, given the
+        ``entry`` subserver, which every front request goes through, the drain is also over once it
+        holds no request on two reads of its metrics IDLE_S apart.
         Returns True when all drained in time.
         """
         try:
@@ -325,27 +374,51 @@ class TritonServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
         deadline = time.monotonic() + timeout_s
+        idle_since = None
         while time.monotonic() < deadline:
             if all(self.model_state(model) not in ("READY", "UNLOADING") for model in models):
                 return True
+            if entry is not None and self.requests_held(entry) == 0:
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since >= IDLE_S:
+                    return True
+            else:
+                idle_since = None
             time.sleep(0.2)
         return False
 
-    def end_in_flight(self, entry: str, reason: str) -> bool:
-        """Tell the entry subserver to end every request in flight with an error saying ``reason``
-        (an authenticated control call, see serving/peer_auth.py). Returns whether it was taken."""
+    def requests_held(self, subserver: str) -> float | None:
+        """Requests that ``subserver`` holds, active or waiting for admission, from its metrics
+        (refreshed twice a second); None when they cannot be read."""
+        try:
+            with urllib.request.urlopen(f"http://{self.host or '127.0.0.1'}:{self.ports.metrics}/metrics",
+                                        timeout=5) as reply:
+                page = reply.read().decode()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return None
+        wanted = {f'{family}{{model="{subserver}"}}' for family in HELD_GAUGES}
+        values = [float(line.rsplit(" ", 1)[1]) for line in page.splitlines() if line.split(" ", 1)[0] in wanted]
+        return sum(values) if len(values) == len(wanted) else None
+
+    def end_in_flight(self, model: str, reason: str, *, subserver: bool = True) -> bool:
+        """Tell ``model`` to end every request in flight with an error saying ``reason``: the entry
+        subserver (``subserver``), whose control calls travel as a ``peer_message``, or a front, which
+        reads the control parameters before any input (Triton refuses a request with none: one is
+        sent). An authenticated control call (serving/peer_auth.py); returns whether it was taken."""
         import queue
 
         import numpy as np
         import tritonclient.grpc as grpcclient
 
-        payload = grpcclient.InferInput(PEER_INPUT, [1, 1], "BYTES")
-        payload.set_data_from_numpy(np.array([[b"[]"]], dtype=np.object_))
+        name, datatype, value = (PEER_INPUT, "BYTES", np.array([[b"[]"]], dtype=np.object_)) if subserver else \
+            ("stream", "BOOL", np.array([[False]]))
+        payload = grpcclient.InferInput(name, [1, 1], datatype)
+        payload.set_data_from_numpy(value)
         answers: queue.Queue = queue.Queue()
         try:
             with grpcclient.InferenceServerClient(self.grpc_url) as client:
                 client.start_stream(callback=lambda result, error: answers.put(error))
-                client.async_stream_infer(entry, [payload], enable_empty_final_response=True,
+                client.async_stream_infer(model, [payload], enable_empty_final_response=True,
                                           parameters=control_parameters(self.peer_secret, "shutdown", reason))
                 taken = answers.get(timeout=10) is None
                 client.stop_stream()
@@ -355,11 +428,15 @@ class TritonServer:
 
     def model_state(self, model: str) -> str | None:
         """The repository index's state of ``model`` (READY, UNLOADING, UNAVAILABLE...), None if unknown."""
+        return self.model_states().get(model)
+
+    def model_states(self) -> dict[str, str]:
+        """model -> its state in the repository index ({} when the index cannot be read)."""
         try:
             index = json.loads(self._post("/v2/repository/index"))
         except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
-            return None
-        return next((entry.get("state") for entry in index if entry.get("name") == model), None)
+            return {}
+        return {entry["name"]: entry.get("state", "") for entry in index if "name" in entry}
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -392,6 +469,8 @@ class TritonServer:
             pass
         for region in own_regions:  # Triton removes them on a clean exit, not when killed
             region.unlink(missing_ok=True)
+        if self._secret_file is not None:
+            self._secret_file.unlink(missing_ok=True)
         self._join_reader()
         return self.process.returncode
 

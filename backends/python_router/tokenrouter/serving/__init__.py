@@ -15,6 +15,8 @@ front/  the front models' stubs (``tokenrouter``, ``ensemble``, ``tensorrt_llm_b
                                             cancels their requests at the entry by key
     entry_call.py       stream_from_entry   the front's BLS calls to the entry subserver (a generation's
                         cancel_at_entry     stream; cancelling by key)
+    core_model.py       TritonPythonModel   ``tensorrt_llm`` (its own stub): TensorRT-LLM's core model name,
+                                            a decoupled model that refuses each request with what to call
 
 subserver/  the python_router backend's stubs (one per model: ``slm``, ``llm``, ...; and ``routing_policy``)
     backend_model.py    TritonPythonModel   what Triton loads as python_router/model.py; picks the role

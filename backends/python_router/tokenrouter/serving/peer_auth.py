@@ -5,12 +5,12 @@ access control. So a subserver takes a peer message only when the BLS request ca
 server start's secret as a request parameter; anything else (any client over HTTP or gRPC) is
 refused before the message is even parsed.
 
-Where the secret comes from:
-- ``TOKENROUTER_PEER_SECRET`` in the environment: the launcher sets a fresh one per start, and
-  every stub inherits tritonserver's environment;
-- otherwise (tritonserver started by hand or by an image's entrypoint) the first stub creates it in
-  a private folder (0700, file 0600) under a name that holds tritonserver's pid and start time, and
-  the others read it: one secret per server start, never shared across starts.
+Where the secret lives: one file per server start, mode 0600 in a folder of this user's (0700)
+under the temp dir, named after tritonserver's pid and start time. Whoever comes first makes it,
+the launcher right after it started tritonserver or else the first stub (tritonserver started by
+hand or by an image's entrypoint); everyone else reads it: one secret per server start, never
+shared across starts. It is in no process's environment, so nothing a stub starts (an engine's
+worker, a tool a library runs) inherits it, and no model config or Triton API shows it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-SECRET_ENV = "TOKENROUTER_PEER_SECRET"
 SECRET_PARAMETER = "tokenrouter_peer_secret"
 CONTROL_PARAMETER = "tokenrouter_control"
 REASON_PARAMETER = "tokenrouter_reason"
@@ -43,23 +42,20 @@ def new_request_key() -> str:
     return secrets.token_urlsafe(16)
 
 
-def server_secret(folder: Path | None = None) -> str:
-    """This server start's secret (see the module docstring)."""
-    from_env = os.environ.get(SECRET_ENV)
-    if from_env:
-        return from_env
-    folder = folder or Path(tempfile.gettempdir()) / f"tokenrouter-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o077:
-        raise PermissionError(f"{folder} must belong to this user and be private (mode 0700)")
-    _remove_secrets_of_dead_servers(folder)
-    path = folder / f"peer-secret-{_server_identity()}"
-    staging = folder / f".{path.name}.{os.getpid()}"
+def server_secret(server_pid: int | None = None, folder: Path | None = None) -> str:
+    """The secret of the server start whose tritonserver is ``server_pid`` (None: this stub's
+    parent); made on first use (see the module docstring)."""
+    path = secret_path(os.getppid() if server_pid is None else server_pid, folder)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    if path.parent.stat().st_uid != os.getuid() or path.parent.stat().st_mode & 0o077:
+        raise PermissionError(f"{path.parent} must belong to this user and be private (mode 0700)")
+    _remove_secrets_of_dead_servers(path.parent)
+    staging = path.parent / f".{path.name}.{os.getpid()}"
     fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(new_secret())
     try:
-        os.link(staging, path)  # atomic: the first stub's secret wins, the others read it
+        os.link(staging, path)  # atomic: the first one's secret wins, the others read it
     except FileExistsError:
         pass
     finally:
@@ -67,14 +63,15 @@ def server_secret(folder: Path | None = None) -> str:
     return path.read_text()
 
 
-def _server_identity() -> str:
-    """tritonserver (this stub's parent): pid and start time, so a reused pid gets a new secret."""
-    parent = os.getppid()
+def secret_path(server_pid: int, folder: Path | None = None) -> Path:
+    """Where the secret of tritonserver ``server_pid`` lives: its pid and start time name it, so
+    a reused pid gets a new secret."""
+    folder = folder or Path(tempfile.gettempdir()) / f"tokenrouter-{os.getuid()}"
     try:
-        started = Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        started = Path(f"/proc/{server_pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         started = "0"
-    return f"{parent}-{started}"
+    return folder / f"peer-secret-{server_pid}-{started}"
 
 
 def _remove_secrets_of_dead_servers(folder: Path) -> None:
@@ -90,7 +87,7 @@ def peer_parameters(secret: str) -> dict[str, str]:
 
 
 def control_parameters(secret: str, command: str, reason: str) -> dict[str, str]:
-    """Parameters of a control call from the launcher (which knows the secret it handed out).
+    """Parameters of a control call from the launcher (which reads the secret as the stubs do).
     ``shutdown``: end every request in flight with an error that says ``reason``."""
     return {**peer_parameters(secret), CONTROL_PARAMETER: command, REASON_PARAMETER: reason}
 

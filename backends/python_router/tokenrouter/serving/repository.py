@@ -4,6 +4,7 @@ Layout (one folder per Triton model)::
 
     tokenrouter/      python: a front (what clients call; also ensemble/, tensorrt_llm_bls/: frontend.names),
                       TensorRT-LLM's interface -> the entry subserver by BLS -> text (front_model.py)
+    tensorrt_llm/     python, decoupled: TensorRT-LLM's core model name, refusing clearly (front/core_model.py)
     preprocessing/    python, standalone: text -> token ids (tokenizer, chat template, stop words, end ids)
     postprocessing/   python, standalone: token ids -> text, UTF-8 safe across streamed chunks
     <model>/          python_router, role "subserver": one per config model (ModelSpec as parameters)
@@ -32,12 +33,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..config import ConfigError, FrontendSpec, ModelSpec, TokenRouterConfig, load_config
 from ..runtime.strategies import MULTI_PROCESS
-from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, EXCLUDE_INPUT, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
-                     PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
+from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS, EXCLUDE_INPUT,
+                     ONE_TOKEN_PER_RESPONSE, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
+                     ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
 
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
 ROUTING_POLICY = "routing_policy"  # carries the policy, its weights and the scheduling settings
+CORE_MODEL = "tensorrt_llm"  # TensorRT-LLM's core model name, held by a model that refuses (front/core_model.py)
 LEGACY_ROUTING_POLICY = "router"  # its name and role before the rename (re-rendering carries its trained routers)
 ROUTER_BACKEND = "python_router"
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_MODEL")
@@ -199,6 +202,7 @@ def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template
     limits = {name: getattr(frontend, name) for name in FAN_OUT_LIMITS}
     for name in frontend.names:
         write_front(repo_dir, name, {**text, **limits, EXCLUDE_INPUT: frontend.exclude_input_in_output,
+                                     ONE_TOKEN_PER_RESPONSE: name in frontend.one_token_per_response,
                                      "entry": entry}, decoupled=frontend.decoupled,
                     max_batch_size=frontend.max_batch_size)
     pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS.values(),
@@ -207,6 +211,11 @@ def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template
     post = model_config(POSTPROCESSING, backend="python", inputs=POSTPROCESSING_INPUTS.values(),
                         outputs=POSTPROCESSING_OUTPUTS.values(), parameters={"tokenizer": tokenizer})
     write_model(repo_dir, post, {"model.py": _shim("tokenrouter.serving.text.postprocessing_model")})
+    # Decoupled, like every model a stream client reaches here: see front/core_model.py
+    core = model_config(CORE_MODEL, backend="python", max_batch_size=frontend.max_batch_size,
+                        inputs=CORE_MODEL_INPUTS.values(), outputs=CORE_MODEL_OUTPUTS.values(),
+                        parameters={"entry": entry, "fronts": frontend.names}, decoupled=True)
+    write_model(repo_dir, core, {"model.py": _shim("tokenrouter.serving.front.core_model")})
 
 
 def write_front(repo_dir: Path, name: str, parameters: Mapping[str, Any], *, decoupled: bool,
@@ -411,6 +420,8 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
         "max_model_len": json_param("max_model_len"),
         # the first front's config speaks for all (each front reads its own mode from its own config)
         "frontend": {"names": fronts, "decoupled": first_front.model_transaction_policy.decoupled,
+                     ONE_TOKEN_PER_RESPONSE: [name for name in fronts if _decode(model_parameters(
+                         repo_dir / name).get(ONE_TOKEN_PER_RESPONSE, "false"), text=False) is True],
                      "max_batch_size": first_front.max_batch_size,
                      **{name: int(first_front.parameters[name].string_value) for name in FAN_OUT_LIMITS
                         if name in first_front.parameters},

@@ -166,10 +166,44 @@ SUBSERVER_OUTPUTS = _tensors(
     ("error", "BYTES", ONE),
     ("error_code", "BYTES", ONE),
 )
+# A front's request parameter (with its value "true") that asks the entry for one token per streamed
+# response, unpaced (front parameter of the same name; config frontend.one_token_per_response)
+ONE_TOKEN_PER_RESPONSE = "one_token_per_response"
 # The RequestSpec field behind each scalar subserver input, converted with .item(); the front
 # fills them from the client's inputs of the same names, the entry's intake reads them back.
 SPEC_SCALARS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "presence_penalty",
                 "frequency_penalty", "min_tokens", "return_log_probs")
+
+# --- TensorRT-LLM's core model (``tensorrt_llm``): the inputs its token-level tools send ---------
+# Declared by the model that holds the name and refuses (front/core_model.py), so that the refusal is its own.
+CORE_MODEL_INPUTS = _tensors(
+    ("input_ids", "INT32", ANY),
+    ("input_lengths", "INT32", ONE),
+    ("request_output_len", "INT32", ONE),
+    ("num_return_sequences", "INT32", ONE),
+    ("end_id", "INT32", ONE),
+    ("pad_id", "INT32", ONE),
+    ("stop_words_list", "INT32", (2, -1)),
+    ("bad_words_list", "INT32", (2, -1)),
+    ("beam_width", "INT32", ONE),
+    ("temperature", "FP32", ONE),
+    ("runtime_top_k", "INT32", ONE),
+    ("runtime_top_p", "FP32", ONE),
+    ("len_penalty", "FP32", ONE),
+    ("repetition_penalty", "FP32", ONE),
+    ("min_tokens", "INT32", ONE),
+    ("presence_penalty", "FP32", ONE),
+    ("frequency_penalty", "FP32", ONE),
+    ("seed", "UINT64", ONE),
+    ("random_seed", "UINT64", ONE),  # the older name, which the tools' helpers still send
+    ("return_log_probs", "BOOL", ONE),
+    ("return_context_logits", "BOOL", ONE),
+    ("return_generation_logits", "BOOL", ONE),
+    ("return_perf_metrics", "BOOL", ONE),
+    ("exclude_input_in_output", "BOOL", ONE),
+    ("streaming", "BOOL", ONE),
+)
+CORE_MODEL_OUTPUTS = _tensors(("output_ids", "INT32", (-1, -1)), ("sequence_length", "INT32", ANY))
 
 # --- the standalone text models, for clients that tokenize or detokenize on their own -----------
 PREPROCESSING_INPUTS = {name: CLIENT_INPUTS[name] for name in (

@@ -13,7 +13,8 @@ a BLS request.
 
 Parameters: ``entry`` (the entry subserver), ``tokenizer``, ``chat_template``, ``max_model_len``,
 ``max_input_bytes`` (as preprocessing's), the fan-out limits ``max_return_sequences``,
-``max_generations`` and ``max_words`` and the default of ``exclude_input_in_output`` (config ``frontend``).
+``max_generations`` and ``max_words``, the default of ``exclude_input_in_output``, and
+``one_token_per_response`` (whether this front streams each token alone, as TensorRT-LLM does; config ``frontend``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import triton_python_backend_utils as pb_utils
 from ...runtime.request import RequestError
 from ..cpu_sampler import CpuSampler
 from ..error_codes import ERROR_CODES_PARAMETER
-from ..peer_auth import front_request_parameters, new_request_key, request_parameters, server_secret
-from ..schema import EXCLUDE_INPUT
+from ..peer_auth import (CONTROL_PARAMETER, REASON_PARAMETER, carries_secret, front_request_parameters,
+                         new_request_key, request_parameters, server_secret)
+from ..schema import EXCLUDE_INPUT, ONE_TOKEN_PER_RESPONSE
 from ..text.text_inputs import TextInputs
 from ..text.tokenizer_stub import load_codec, model_parameters, parse_bool
 from .entry_call import EntryError, cancel_at_entry, stream_from_entry
@@ -48,6 +50,9 @@ class TritonPythonModel:
         self.text = TextInputs(codec, tokenizer_path, parameters)
         self.limits = FanOutLimits.from_parameters(parameters)
         self.exclude_input = parse_bool(parameters.get(EXCLUDE_INPUT, "false"))
+        # what the entry is asked for each generation: one token per streamed response (TensorRT-LLM's names)
+        self.entry_parameters = {ONE_TOKEN_PER_RESPONSE: "true"} \
+            if parse_bool(parameters.get(ONE_TOKEN_PER_RESPONSE, "false")) else {}
         self.entry = parameters.get("entry") or ""
         if not self.entry:
             raise ValueError(f"{args['model_name']}: parameter 'entry' (the entry subserver) is empty")
@@ -64,7 +69,11 @@ class TritonPythonModel:
 
     def _take(self, request: Any) -> None:
         sender = request.get_response_sender()
-        coded = bool((request_parameters(request) or {}).get(ERROR_CODES_PARAMETER))
+        parameters = request_parameters(request) or {}
+        if CONTROL_PARAMETER in parameters:
+            self._control(sender, parameters)
+            return
+        coded = bool(parameters.get(ERROR_CODES_PARAMETER))
         try:
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             generations = parse_request(inputs, self.text, decoupled=self.decoupled, limits=self.limits,
@@ -83,12 +92,22 @@ class TritonPythonModel:
             threading.Thread(target=self._generate, args=(client, generation, key), name="generation",
                              daemon=True).start()
 
+    def _control(self, sender: Any, parameters: dict[str, Any]) -> None:
+        """The launcher's ``shutdown`` (with this server start's secret): end every request in flight
+        with its reason, which says to retry. Anything else naming the control parameter is refused."""
+        if not carries_secret(parameters, self.secret) or parameters[CONTROL_PARAMETER] != "shutdown":
+            self.writer.reject(sender, f"'{CONTROL_PARAMETER}' is for this server's launcher; refused",
+                               pb_utils.TritonError.INVALID_ARG)
+            return
+        reason = str(parameters.get(REASON_PARAMETER) or "the server is shutting down")
+        self.writer.end_all(reason, pb_utils.TritonError.UNAVAILABLE, sender)
+
     def _generate(self, client: ClientRequest, generation: Generation, key: str) -> None:
         """One generation's BLS stream from the entry, turned into the client's outputs."""
         output = GenerationOutput(self.text.codec, generation)
         try:
             for chunk in stream_from_entry(pb_utils, self.entry, generation.entry_inputs(), output.entry_outputs(),
-                                           front_request_parameters(self.secret, key)):
+                                           {**front_request_parameters(self.secret, key), **self.entry_parameters}):
                 outputs = output.response(chunk)
                 if outputs is not None:
                     self.writer.respond(client, outputs, last_of_generation=chunk.final)

@@ -60,6 +60,13 @@ class _ClientError:
     code: Any
 
 
+@dataclass
+class _EndAll:
+    message: str
+    code: Any
+    caller: Any  # the control call's sender, answered once the others are
+
+
 class FrontWriter:
     def __init__(self, pb_utils: Any, cancel_at_entry: Callable[[list[str]], None], *,
                  cancel_poll_s: float = CANCEL_POLL_S) -> None:
@@ -89,6 +96,11 @@ class FrontWriter:
         """Answer a request that never started with an error."""
         self._queue.put(_ClientError(ClientRequest(sender, [], None, code_in_message), message, code))
 
+    def end_all(self, message: str, code: Any, caller: Any) -> None:
+        """End every live request with an error saying ``message`` (the launcher's control call: the
+        server is about to restart, and the entry may be the model that died); then answer ``caller``."""
+        self._queue.put(_EndAll(message, code, caller))
+
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=5)
@@ -114,19 +126,26 @@ class FrontWriter:
                 self._poll_cancellation()
                 last_poll = time.monotonic()
 
-    def _take(self, item: ClientRequest | _ClientOutput | _ClientError) -> None:
+    def _take(self, item: ClientRequest | _ClientOutput | _ClientError | _EndAll) -> None:
         if isinstance(item, ClientRequest):
             self._live.add(item)
         elif isinstance(item, _ClientOutput):
             self._send_output(item)
+        elif isinstance(item, _EndAll):
+            for request in list(self._live):
+                self._fail(request, item.message, item.code)
+            self._send(item.caller, self._pb.InferenceResponse(output_tensors=[]), final=True)
         elif not item.request.done:
-            self._end(item.request)
-            message = (coded_message(code_name(self._pb, item.code), item.message) if item.request.code_in_message
-                       else item.message)
-            self._send(item.request.sender, self._pb.InferenceResponse(
-                output_tensors=[], error=self._pb.TritonError(message, item.code)), final=True)
+            self._fail(item.request, item.message, item.code)
             if len(item.request.keys) > 1:
                 self._cancel(item.request.keys)
+
+    def _fail(self, request: ClientRequest, message: str, code: Any) -> None:
+        self._end(request)
+        if request.code_in_message:
+            message = coded_message(code_name(self._pb, code), message)
+        error = self._pb.TritonError(message, code)
+        self._send(request.sender, self._pb.InferenceResponse(output_tensors=[], error=error), final=True)
 
     def _send_output(self, item: _ClientOutput) -> None:
         request, pb = item.request, self._pb

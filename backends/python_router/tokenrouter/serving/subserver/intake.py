@@ -26,7 +26,7 @@ from ...runtime.admission import ServerBusy
 from ...runtime.request import RequestError
 from ..peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
                          carries_secret, request_parameters)
-from ..schema import PEER_INPUT, SPEC_SCALARS, split_sequences
+from ..schema import ONE_TOKEN_PER_RESPONSE, PEER_INPUT, SPEC_SCALARS, split_sequences
 from .subserver_writer import SubserverWriter
 from .triton_sink import TritonSink
 
@@ -119,7 +119,8 @@ class SubserverIntake:
         stream = self._scalar(request, "stream", False)
         rid = f"{self._subserver.name}-{next(self._ids)}"
         sink = TritonSink(self._writer, rid, sender, bool(stream), self._names, self._subserver.index,
-                          request.requested_output_names() or None)
+                          request.requested_output_names() or None,
+                          one_token=parameters.get(ONE_TOKEN_PER_RESPONSE) in (True, "true"))
         self._writer.track(rid, sender, key)  # before submit: the loop may answer before submit returns
         try:
             self._subserver.submit(rid, [int(t) for t in prompt.reshape(-1)], spec, sink)

@@ -26,6 +26,7 @@ class QueuedChunk:
     sender: Any
     chunk: OutputChunk
     wanted: frozenset[str] | None = None  # the outputs the caller asked for (None: all)
+    alone: bool = False  # its own response, at once: one token per response, as TensorRT-LLM streams
 
     @property
     def final(self) -> bool:
@@ -64,6 +65,8 @@ class Pacer:
         if isinstance(item, QueuedError):
             self._held.pop(item.rid, None)
             self._last.pop(item.rid, None)
+            return [held, item] if held is not None else [item]
+        if item.alone:  # its pacing is off: nothing of it is ever held
             return [held, item] if held is not None else [item]
         if held is None or held.final:
             self._held[item.rid] = item

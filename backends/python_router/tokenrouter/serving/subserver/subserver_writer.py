@@ -69,8 +69,10 @@ class SubserverWriter:
     def untrack(self, rid: str) -> None:
         self._tracked.untrack(rid)
 
-    def respond(self, rid: str, sender: Any, chunk: OutputChunk, wanted: frozenset[str] | None = None) -> None:
-        self._queue.put(QueuedChunk(rid, sender, chunk, wanted))
+    def respond(self, rid: str, sender: Any, chunk: OutputChunk, wanted: frozenset[str] | None = None,
+                alone: bool = False) -> None:
+        """``alone``: a response of its own, at once (not paced, never merged)."""
+        self._queue.put(QueuedChunk(rid, sender, chunk, wanted, alone))
 
     def error(self, rid: str, sender: Any, message: str, code: Any = None, in_band: bool | None = None) -> None:
         """End ``rid`` with an error; ``in_band`` (None: whether a front named the request) sends it

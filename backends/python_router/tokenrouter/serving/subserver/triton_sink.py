@@ -17,9 +17,11 @@ class TritonSink:
     """A request's output as decoupled responses: chunks as they come when streaming, else one at the end."""
 
     def __init__(self, writer: "SubserverWriter", rid: str, sender: Any, stream: bool, names: list[str],
-                 entry_index: int, wanted: Collection[str] | None = None) -> None:
-        """``wanted``: the outputs the caller asked for (None: all)."""
+                 entry_index: int, wanted: Collection[str] | None = None, one_token: bool = False) -> None:
+        """``wanted``: the outputs the caller asked for (None: all); ``one_token``: when streaming, each
+        token its own response, never merged by the writer's pacing (TensorRT-LLM's streaming)."""
         self._writer, self._rid, self._sender, self._stream = writer, rid, sender, stream
+        self._one_token = one_token and stream
         self._wanted = None if wanted is None else frozenset(wanted)
         self._names = [name.encode() for name in names]
         self._entry_index = entry_index
@@ -32,6 +34,15 @@ class TritonSink:
         if finish_reason == "error":
             self._writer.error(self._rid, self._sender, error or "generation failed")
             return
+        if self._one_token and len(tokens) > 1:  # a peer's run of tokens, returned at once
+            for i, (token, origin) in enumerate(zip(tokens, origins)):
+                self._output([token], [origin], finish_reason if i == len(tokens) - 1 else None,
+                             None if logprobs is None else logprobs[i:i + 1])
+            return
+        self._output(tokens, origins, finish_reason, logprobs)
+
+    def _output(self, tokens: list[int], origins: list[int], finish_reason: str | None,
+                logprobs: list[float] | None) -> None:
         self._by_model.update(origins)
         chunk = OutputChunk(list(tokens), [self._names[o] for o in origins], self._tail, finish_reason,
                       large_model_share(self._by_model, self._entry_index), list(logprobs or ()))
@@ -44,4 +55,4 @@ class TritonSink:
             if finish_reason is None:
                 return
             chunk = self._unsent
-        self._writer.respond(self._rid, self._sender, chunk, self._wanted)
+        self._writer.respond(self._rid, self._sender, chunk, self._wanted, alone=self._one_token)

@@ -1,0 +1,3 @@
+"""Triton loads this file; the model lives in the tokenrouter package."""
+
+from tokenrouter.serving.front.core_model import TritonPythonModel  # noqa: F401
