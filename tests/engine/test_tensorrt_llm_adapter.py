@@ -93,7 +93,8 @@ class FakeKvCacheRetentionConfig:
     class TokenRangeRetentionConfig:
         def __init__(self, token_start: int, token_end: int | None, priority: int, duration_ms: Any = None) -> None:
             assert 0 <= priority <= 100 and (duration_ms is None or isinstance(duration_ms, timedelta))
-            self.token_start, self.token_end, self.priority, self.duration_ms = token_start, token_end, priority, duration_ms
+            self.token_start, self.token_end = token_start, token_end
+            self.priority, self.duration_ms = priority, duration_ms
 
     def __init__(self, token_range_retention_configs: list, decode_retention_priority: int = DEFAULT_RETENTION_PRIORITY,
                  decode_duration_ms: Any = None, transfer_mode: Any = "DRAM", directory: Any = None) -> None:

@@ -197,7 +197,8 @@ def test_a_vllm_without_what_the_adapter_uses_is_refused_at_start_by_name(monkey
         with pytest.raises(UnsupportedVLLM, match="lacks EngineArgs.async_scheduling"):
             require_vllm_capabilities()
     with monkeypatch.context() as patch:
-        newer = type("EngineCoreRequest", (), {"__struct_fields__": ("session_token",) + EngineCoreRequest.__struct_fields__,
+        fields = ("session_token",) + EngineCoreRequest.__struct_fields__
+        newer = type("EngineCoreRequest", (), {"__struct_fields__": fields,
                                                 "__struct_defaults__": EngineCoreRequest.__struct_defaults__})
         patch.setattr("vllm.v1.engine.EngineCoreRequest", newer)
         with pytest.raises(UnsupportedVLLM, match=r"EngineCoreRequest.session_token \(required"):
@@ -229,8 +230,9 @@ def test_async_scheduling_and_the_model_runner_are_set_not_left_to_vllm(tiny_pai
                                               kv_cache_tokens=1024, threads=1))
     try:
         # In the engine's process: what vllm.envs read, and what the started engine chose.
-        assert engine.call("runner_settings") == {"VLLM_USE_V2_MODEL_RUNNER": False, "async_scheduling": False,
-                                                  "input_batch": True}
+        settings = engine.call("runner_settings")
+        assert {key: settings[key] for key in ("VLLM_USE_V2_MODEL_RUNNER", "async_scheduling", "input_batch")} == {
+            "VLLM_USE_V2_MODEL_RUNNER": False, "async_scheduling": False, "input_batch": True}
     finally:
         engine.close()
 

@@ -173,9 +173,11 @@ class VLLMEngine(LengthTable, Engine):
         """What vLLM made of the settings vllm_compat sets (tests and the device check read it)."""
         import vllm.envs
 
+        config = self._llm.vllm_config
         return {"VLLM_USE_V2_MODEL_RUNNER": vllm.envs.VLLM_USE_V2_MODEL_RUNNER,
-                "async_scheduling": self._llm.vllm_config.scheduler_config.async_scheduling,
-                "input_batch": hasattr(self._runner, "input_batch")}
+                "async_scheduling": config.scheduler_config.async_scheduling,
+                "input_batch": hasattr(self._runner, "input_batch"),
+                "cudagraph_mode": str(getattr(config.compilation_config, "cudagraph_mode", None))}
 
     # --- the step -------------------------------------------------------------------------------
     def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
