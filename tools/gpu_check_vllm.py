@@ -247,7 +247,7 @@ def bench_real_shapes(plan: Plan, budget: Budget) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
         paths = random_pair(plan.bench_pair, Path(folder), plan.dtype)
         dtype = str(plan.dtype).removeprefix("torch.")
-        kv_tokens = max(plan.bench_clients) * (256 + plan.bench_tokens + 64)
+        kv_tokens = -(-max(plan.bench_clients) * (256 + plan.bench_tokens + 64) // 1024) * 1024
         engines, seconds = start_pair(paths, plan, dtype, max_batch=max(plan.bench_clients), kv_tokens=kv_tokens,
                                       share=0.3)
         try:

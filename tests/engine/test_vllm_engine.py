@@ -237,6 +237,17 @@ def test_async_scheduling_and_the_model_runner_are_set_not_left_to_vllm(tiny_pai
         engine.close()
 
 
+def test_max_model_len_is_what_whole_blocks_of_the_pool_hold(tiny_pair) -> None:
+    """vLLM refuses to start when one request of max_model_len does not fit the pool's whole blocks
+    (a pool of 978 tokens in blocks of 32 holds 960)."""
+    from tokenrouter.engine.vllm_engine import engine_arguments
+
+    spec = ModelSpec(path=str(tiny_pair["small"]), engine="vllm", kv_cache_tokens=978)
+    arguments = engine_arguments(spec, dtype="float32", on_cpu=True, max_position_embeddings=32768)
+    assert (arguments["max_model_len"], arguments["num_gpu_blocks_override"]) == (960, 30 + 1)
+    assert engine_arguments(spec, dtype="float32", on_cpu=True, max_position_embeddings=512)["max_model_len"] == 512
+
+
 def test_a_started_engine_that_ignored_the_settings_is_refused() -> None:
     from types import SimpleNamespace
 

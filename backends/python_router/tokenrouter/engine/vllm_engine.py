@@ -348,8 +348,8 @@ def engine_arguments(spec: ModelSpec, *, dtype: str, on_cpu: bool, max_position_
     return dict(
         model=spec.path,
         dtype=dtype,
-        # vLLM refuses a pool that cannot hold one request of max_model_len.
-        max_model_len=min(max_position_embeddings, spec.kv_cache_tokens),
+        # vLLM refuses a pool that cannot hold one request of max_model_len (whole blocks only).
+        max_model_len=min(max_position_embeddings, spec.kv_cache_tokens // spec.block_size * spec.block_size),
         block_size=spec.block_size,
         # +1: vLLM reserves one null block; the rest is exactly the spec's pool, so admission
         # control (which computes capacities from specs) and the engine agree.
