@@ -144,7 +144,7 @@ def bench_torch(pair: dict[str, Path], plan: Plan) -> dict[str, Any]:
         report = routed_vs_large_alone(
             engines, lambda prompts, n: step_greedy(engines["llm"], prompts, n),
             lambda n: mixed_prompts(n, vocab, seed=51, shortest=16, longest=longest), plan.bench_clients,
-            plan.bench_tokens, plan.route_rate, plan.bench_reps)
+            plan.bench_tokens, plan.bench_rate, plan.bench_reps)
     finally:
         for engine in engines.values():
             engine.close()

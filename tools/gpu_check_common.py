@@ -47,16 +47,17 @@ class Plan:
     bench_clients: tuple[int, ...]  # N concurrent requests (and vLLM batch sizes)
     bench_tokens: int
     bench_reps: int
-    route_rate: float  # share of positions the benchmark's policy sends to the large model
+    route_rate: float  # share of positions the exact routed check defers to the large model (2 tokens each)
+    bench_rate: float  # the benchmark's: about the large model's token share (one token each)
 
     @classmethod
     def for_device(cls, cpu: bool) -> "Plan":
         if cpu:
             return cls("cpu", torch.float32, ("tiny",), (1, 8), (64, 128), 128, 16, 8, 3, "qwen2", 6, 12, None,
-                       (2, 4), 8, 1, 0.2)
+                       (2, 4), 8, 1, 0.2, 0.1)
         return cls("cuda:0", torch.bfloat16, ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"), (1, 8, 32, 64),
                    (512, 2048), 2048, 64, 32, 10, "qwen2", 16, 24, ("qwen2.5-0.5b", "qwen2.5-1.5b"), (8, 32), 64, 2,
-                   0.2)
+                   0.2, 0.1)
 
     def with_models(self, models: tuple[str, ...]) -> "Plan":
         return replace(self, models=models)

@@ -179,10 +179,11 @@ def routed_equals_reference(engines: dict[str, Engine], models: dict[str, Any], 
 def routed_vs_large_alone(engines: dict[str, Engine], large_alone: Callable[[list[list[int]], int], Any],
                           prompts_for: Callable[[int], list[list[int]]], clients: Sequence[int], max_tokens: int,
                           rate: float, reps: int) -> dict[str, Any]:
-    """Output tokens per second: N requests through TokenRouter (small entry, ``rate`` of positions
-    to the large model) against the large model alone on the same prompts, alternated rep by rep."""
+    """Output tokens per second: N requests through TokenRouter (small entry; ``rate`` of positions
+    written by the large model, one token per visit) against the large model alone on the same
+    prompts, alternated rep by rep."""
     report: dict[str, Any] = {}
-    with Runtime(engines, PositionDeferral(rate), max_active=max(clients)) as runtime:
+    with Runtime(engines, PositionDeferral(rate, run_length=1), max_active=max(clients)) as runtime:
         runtime.generate(prompts_for(2), 4)  # warm-up: kernels, allocator
         large_alone(prompts_for(2), 4)
         for n in clients:

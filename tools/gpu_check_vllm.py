@@ -212,7 +212,7 @@ def bench_vllm(engines: dict[str, Any], plan: Plan, budget: Budget) -> dict[str,
         "tokenrouter_vs_large_alone": run_part(lambda: routed_vs_large_alone(
             {"slm": engines["small"], "llm": large},
             lambda prompts, n: large.call("generate_natively", prompts, n), prompts_for, plan.bench_clients,
-            plan.bench_tokens, plan.route_rate, plan.bench_reps), budget),
+            plan.bench_tokens, plan.bench_rate, plan.bench_reps), budget),
     }
 
 

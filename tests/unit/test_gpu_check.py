@@ -93,7 +93,7 @@ def test_a_failed_check_fails_the_run_and_is_named(tmp_path: Path, monkeypatch) 
     monkeypatch.setattr(gpu_check, "routed_torch", lambda pair, plan: {"passed": False, "requests_equal": "5/6"})
     monkeypatch.setattr(gpu_check.Plan, "for_device", classmethod(
         lambda cls, cpu: gpu_check.Plan("cpu", torch.float32, (), (1,), (16,), 16, 4, 2, 1, "qwen2", 2, 3, None, (1,),
-                                        2, 1, 0.3)))
+                                        2, 1, 0.3, 0.3)))
     assert gpu_check.main(["--cpu", "--skip-vllm", "--out", str(tmp_path / "r.json")]) == 1
     report = json.loads((tmp_path / "r.json").read_text())
     assert failures(report) == ["torch_engine/routed_equals_reference"]

@@ -23,7 +23,8 @@ on request. So the adapter works in *spans*, the shape of the vLLM engine where 
   its blocks, prompt and generated, for ``RETENTION_S``: other requests' cached prefixes go first.
   The priority lapses afterwards (TensorRT-LLM cannot lower it on release), so blocks of finished
   sequences do not pin the cache for long. An evicted block is recomputed at the resume: slower,
-  never wrong.
+  never wrong. (The PyTorch backend passes the retention config on since TensorRT-LLM PR #8634,
+  October 2025; that 1.2.x applies it is unverified.)
 - The routing signal comes from TensorRT-LLM's log-probabilities (``logprobs=LOGPROBS``):
   ``StepResult.logits`` holds each row's top-``LOGPROBS`` log-probabilities (the sampled token's
   always included) and -inf elsewhere. Argmax, top probabilities and margins are exact; an entropy
