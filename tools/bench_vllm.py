@@ -35,6 +35,8 @@ from tokenrouter.engine.dtypes import resolve_dtype
 from tokenrouter.engine.factory import create_engine
 from tokenrouter.engine.process_engine import EngineProcess
 
+from .bench.routing_systems import (Requests, embedded_tokenrouter, identical_rows, large_alone, served_tokenrouter,
+                                   timed)
 from .bench_engine import BATCH8_LENGTHS, BATCH1_LENGTH, RESUME_PREFIX, code_prompts, engine_generate, resume_cost
 from .paths import shipped_config
 
@@ -151,20 +153,20 @@ def compare_dtypes(role: str, path: Path, args: argparse.Namespace) -> dict[str,
 
 
 # --- routing: TokenRouter on vLLM vs the large model alone on vLLM --------------------------------
-def routing_prompts(config_path: Path, count: int) -> tuple[list[list[int]], list[int]]:
+def routing_requests(config_path: Path, count: int, max_tokens: int) -> Requests:
     """HumanEval problems as `tokenrouter quality` prompts them (a chat turn with the answer begun
-    as the problem's code, so the policies route as in docs/quality.md); and the end ids."""
+    as the problem's code, so the policies route as in docs/quality.md), as ids and as the text a
+    client sends; and the end ids."""
     from tokenrouter.text import TextCodec
 
     from .quality_bench.humaneval import load_problems, prompt_text
 
     config = load_config(config_path)
     codec = TextCodec.from_path(config.tokenizer_path, chat_template=True)  # end ids: <|im_end|> too
-    problems = load_problems(count, sample_seed=0)
     # The prefill prompt renders its own chat turn: encode it as it is.
-    prompts = [codec.tokenizer.encode(prompt_text(p, "prefill", codec.tokenizer), add_special_tokens=False)
-               for p in problems]
-    return prompts, codec.end_ids()
+    texts = [prompt_text(p, "prefill", codec.tokenizer) for p in load_problems(count, sample_seed=0)]
+    ids = [codec.tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    return Requests(ids, texts, codec.end_ids(), max_tokens)
 
 
 def routed_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -178,42 +180,37 @@ def routed_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_routing(args: argparse.Namespace) -> dict[str, Any]:
-    from tokenrouter.runtime.api import TokenRouter
-
-    prompts, stop_ids = routing_prompts(args.config, args.requests)
+    """Each rep loads every system afresh in a rotating order (they do not fit in memory together),
+    so the systems' runs alternate and a slow minute of a shared machine hits one rep, not one system."""
+    requests = routing_requests(args.config, args.requests, args.max_tokens)
     config = load_config(routed_config(args))
-    large = list(config.models)[1]
-    runs: dict[str, list[dict[str, float]]] = {"tokenrouter": [], "large_alone": []}
-    # Both cannot be resident at once (about 6 + 11 + 11 GB): one phase after the other.
-    with TokenRouter(config) as router:
-        router.generate(prompts[:2], max_tokens=4, timeout=600)  # warm both engines
-        for rep in range(args.reps):
-            start = time.perf_counter()
-            results = router.generate(prompts, max_tokens=args.max_tokens, timeout=3600)
-            seconds = time.perf_counter() - start
-            tokens = sum(len(r.token_ids) for r in results)
-            share = sum(r.large_model_share * len(r.token_ids) for r in results) / max(tokens, 1)
-            runs["tokenrouter"].append({"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds,
-                                        "large_share": share})
-            print(f"  rep {rep} tokenrouter: {tokens / seconds:.1f} tok/s, large share {share:.3f}", file=sys.stderr)
-    spec = dict(config.models[large].model_dump(), threads=args.cores, cpus=None, max_batch_size=args.clients)
-    alone = EngineProcess(large, ModelSpec(**spec))
-    try:
-        alone.call("generate_natively", prompts[:2], 4)
-        for rep in range(args.reps):
-            start = time.perf_counter()
-            outputs, _ = alone.call("generate_natively", prompts, args.max_tokens, stop_ids)
-            seconds = time.perf_counter() - start
-            tokens = sum(len(o) for o in outputs)
-            runs["large_alone"].append({"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds})
-            print(f"  rep {rep} large alone: {tokens / seconds:.1f} tok/s", file=sys.stderr)
-    finally:
-        alone.close()
+    systems: dict[str, Callable[[], Any]] = {"tokenrouter": lambda: embedded_tokenrouter(config)}
+    if args.served:
+        systems["tokenrouter_served"] = lambda: served_tokenrouter(config, args.clients)
+    systems["large_alone"] = lambda: large_alone(config, args.clients, args.cores)
+    warm = Requests(requests.ids[:2], requests.texts[:2], requests.stop_ids, 4)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
+    tokens: dict[str, list[list[int]]] = {}
+    names = list(systems)
+    for rep in range(args.reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            with systems[name]() as generate:
+                generate(warm)  # the first steps are cold
+                seconds, outputs = timed(generate, requests)
+            tokens[name] = outputs.tokens
+            runs[name].append({"seconds": seconds, "tokens": outputs.total, "tok_s": outputs.total / seconds,
+                               "large_share": outputs.large_tokens / max(outputs.total, 1)})
+            print(f"  rep {rep} {name}: {outputs.total / seconds:.1f} tok/s, large share "
+                  f"{runs[name][-1]['large_share']:.3f}", file=sys.stderr, flush=True)
     median = {name: statistics.median(r["tok_s"] for r in values) for name, values in runs.items()}
-    return {"clients": args.clients, "requests": len(prompts), "max_tokens": args.max_tokens,
-            "policy": config.policy.model_dump(), "tok_s": median,
-            "large_share": statistics.median(r["large_share"] for r in runs["tokenrouter"]),
-            "speedup": median["tokenrouter"] / median["large_alone"], "runs": runs}
+    speedups = {name: statistics.median(r["tok_s"] / b["tok_s"] for r, b in zip(runs[name], runs["large_alone"]))
+                for name in names if name != "large_alone"}
+    return {"clients": args.clients, "requests": len(requests.ids), "max_tokens": args.max_tokens,
+            "policy": config.policy.model_dump(), "dtypes": {n: resolve_dtype(s, on_gpu=False)
+                                                              for n, s in config.models.items()},
+            "tok_s": median, "large_share": {n: statistics.median(r["large_share"] for r in runs[n]) for n in names},
+            "speedup": speedups, "runs": runs,
+            "identical_rows": {n: identical_rows(tokens[n], tokens["tokenrouter"]) for n in names}}
 
 
 # --- report, CLI --------------------------------------------------------------------------------------
@@ -256,11 +253,23 @@ def report_dtypes(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+ROUTING_LABELS = {"tokenrouter": "TokenRouter on vLLM, embedded", "tokenrouter_served": "TokenRouter on vLLM, served "
+                  "(Triton gRPC)", "large_alone": "large model alone, vLLM's own loop"}
+
+
 def report_routing(r: dict) -> str:
-    return ("| system | tok/s (median) | large share |\n| --- | --- | --- |\n"
-            f"| TokenRouter on vLLM ({r['policy']['name']} {r['policy']['params']}) | {r['tok_s']['tokenrouter']:.1f} "
-            f"| {r['large_share']:.3f} |\n| large model alone, vLLM native | {r['tok_s']['large_alone']:.1f} | 1 |\n\n"
-            f"speedup {r['speedup']:.2f}x at N = {r['clients']}, {r['requests']} requests, max_tokens {r['max_tokens']}")
+    policy = f"{r['policy']['name']} {json.dumps(r['policy']['params'])}"
+    lines = [f"N = {r['clients']}, {r['requests']} requests, max_tokens {r['max_tokens']}, policy {policy}, "
+             f"dtypes {r['dtypes']}", "",
+             "| system | tok/s per rep | tok/s (median) | large share | / large alone (paired median) "
+             "| rows identical to embedded |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, runs in r["runs"].items():
+        speedup = r["speedup"].get(name)
+        per_rep = ", ".join(f"{x['tok_s']:.1f}" for x in runs)
+        lines.append(f"| {ROUTING_LABELS[name]} | {per_rep} "
+                     f"| {r['tok_s'][name]:.1f} | {r['large_share'][name]:.3f} "
+                     f"| {'-' if speedup is None else f'{speedup:.2f}x'} | {r['identical_rows'][name]}/{r['requests']} |")
+    return "\n".join(lines)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -282,6 +291,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="random")
     parser.add_argument("--policy-params", default='{"rate": 0.1}', help="JSON; default: 10 %% of tokens to the large model")
     parser.add_argument("--cores", type=int, default=2, help="routing: cores to spread the models over")
+    parser.add_argument("--served", action="store_true", help="routing: also TokenRouter served by Triton over gRPC")
     parser.add_argument("--worker", nargs=2, metavar=("ROLE", "PATH"), help=argparse.SUPPRESS)
 
 

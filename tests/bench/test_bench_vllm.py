@@ -22,18 +22,28 @@ def test_engine_worker_systems_agree_token_for_token(tiny_pair):
     assert "| small | 8 |" in table and "8/8, 8/8" in table
 
 
-def test_routing_runs_both_phases_and_reports_the_speedup(tiny_pair):
+def test_routing_runs_every_system_and_reports_the_speedups(tiny_pair):
     """Catches a routing comparison that never ran end to end (its large-alone phase once called
-    vLLM's own loop with arguments that loop did not take): TokenRouter on vLLM, then the large
-    model alone on vLLM, on the same HumanEval prompts, and the report of both."""
+    vLLM's own loop with arguments that loop did not take): TokenRouter embedded, TokenRouter served by
+    Triton over gRPC, then the large model alone on vLLM, on the same HumanEval prompts, and the report.
+    The served run must give the embedded run's tokens (same prompts as ids and as text, same
+    deterministic policy, float32): a served client that tokenized differently, or a front that
+    wrapped the rendered chat turn again, would differ."""
     from tokenrouter_tools.bench_vllm import report_routing, run_routing
     from tokenrouter_tools.serve import TINY_CONFIG, _with_pair
 
-    args = argparse.Namespace(config=_with_pair(TINY_CONFIG, tiny_pair).model_dump(), requests=2, clients=2, cores=1,
-                              policy="random", policy_params='{"rate": 0.5}', max_tokens=6, reps=1)
+    config = _with_pair(TINY_CONFIG, tiny_pair).model_dump()
+    for spec in config["models"].values():
+        spec["dtype"] = "float32"
+    args = argparse.Namespace(config=config, requests=3, clients=2, cores=1, policy="random",
+                              policy_params='{"rate": 0.5}', max_tokens=6, reps=1, served=True)
     result = run_routing(args)
-    routed, alone = result["runs"]["tokenrouter"][0], result["runs"]["large_alone"][0]
-    assert 0 < routed["tokens"] <= 2 * 6 and 0 < alone["tokens"] <= 2 * 6
-    assert 0.0 < result["large_share"] < 1.0  # rate 0.5: both models wrote
-    assert result["speedup"] == result["tok_s"]["tokenrouter"] / result["tok_s"]["large_alone"]
-    assert "speedup" in report_routing(result)
+    runs = {name: values[0] for name, values in result["runs"].items()}
+    assert set(runs) == {"tokenrouter", "tokenrouter_served", "large_alone"}
+    for run in runs.values():
+        assert 0 < run["tokens"] <= 3 * 6
+    assert 0.0 < result["large_share"]["tokenrouter"] < 1.0  # rate 0.5: both models wrote
+    assert result["large_share"]["tokenrouter_served"] == result["large_share"]["tokenrouter"]
+    assert result["identical_rows"]["tokenrouter_served"] == 3
+    assert result["speedup"]["tokenrouter"] == runs["tokenrouter"]["tok_s"] / runs["large_alone"]["tok_s"]
+    assert "/ large alone" in report_routing(result)
