@@ -1,2 +1,2 @@
 """The shipped routing configs (YAML). A package only so that an installed tokenrouter finds them
-(``tokenrouter_tools.paths.shipped_config``); nothing to import here."""
+(``tokenrouter.launch.paths.shipped_config``); nothing to import here."""

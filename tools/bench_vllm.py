@@ -34,11 +34,11 @@ from tokenrouter.config import ModelSpec, load_config
 from tokenrouter.engine.dtypes import resolve_dtype
 from tokenrouter.engine.factory import create_engine
 from tokenrouter.engine.process_engine import EngineProcess
+from tokenrouter.launch.paths import shipped_config
 
 from .bench.routing_systems import (Requests, embedded_tokenrouter, identical_rows, large_alone, served_tokenrouter,
                                    timed)
 from .bench_engine import BATCH8_LENGTHS, BATCH1_LENGTH, RESUME_PREFIX, code_prompts, engine_generate, resume_cost
-from .paths import shipped_config
 
 BATCHES = {1: (BATCH1_LENGTH,), 8: BATCH8_LENGTHS, 16: BATCH8_LENGTHS + tuple(n + 8 for n in BATCH8_LENGTHS)}
 DEFAULT_CONFIG = shipped_config("qwen2.5-coder.yaml")

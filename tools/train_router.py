@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tokenrouter.launch.paths import routers_dir
 from tokenrouter.policies.networks import build_network, count_parameters, save_router
 from tokenrouter_engines.models import default_dest as models_dir
 
-from .paths import routers_dir
 from .router_data import confirm_divergence, corpus_files, make_corpus, position_index, stdlib_dir, teacher_force
 from .router_training import pick_threshold, roc_auc, split_by_chunk, train_network
 

@@ -1,7 +1,7 @@
-"""Triton's Python-based backend ``python_router`` (see tokenrouter/serving/backend_entry.py).
+"""Triton's Python-based backend ``python_router`` (see tokenrouter/serving/subserver/backend_model.py).
 
 Triton's Python backend loads ``<backends>/python_router/model.py``; the class lives in the
 installed ``tokenrouter`` package so that a non-editable install carries it too.
 """
 
-from tokenrouter.serving.backend_entry import TritonPythonModel  # noqa: F401
+from tokenrouter.serving.subserver.backend_model import TritonPythonModel  # noqa: F401

@@ -23,7 +23,7 @@ from tokenrouter_tools.bench.systems import SystemFactory, system_config
 from tokenrouter_tools.bench.thresholds import random_routing, step_latencies, thresholds_by_n
 from tokenrouter_tools.bench.validate import run_validate
 from tokenrouter_tools.bench.workloads import Session, TokenPrompts, Workload
-from tokenrouter_tools.cli import main
+from tokenrouter.launch.cli import main
 
 FAST = 0.1  # simulated steps of 0.6 / 2.8 ms
 

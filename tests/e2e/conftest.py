@@ -9,7 +9,7 @@ import pytest
 
 from tokenrouter.config import FrontendSpec
 from tokenrouter.serving.repository import model_parameters, render_frontend, subserver_config, write_front, write_model
-from tokenrouter_tools.triton_server import Ports, TritonServer, build_backend_dir, find_triton
+from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
 
 ECHO_DOUBLE = Path(__file__).with_name("echo_subserver_double.py")
 StartServer = Callable[..., TritonServer]
@@ -24,7 +24,7 @@ def tiny_tokenizer(tiny_pair: dict[str, Path]) -> Path:
 @pytest.fixture(scope="session")
 def backend_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # python_router is placed only when its model.py exists: the echo repository does not need it
-    from tokenrouter_tools.triton_server import ROUTER_BACKEND_MODEL
+    from tokenrouter.launch.triton_server import ROUTER_BACKEND_MODEL
 
     router = ROUTER_BACKEND_MODEL if ROUTER_BACKEND_MODEL.is_file() else None
     return build_backend_dir(find_triton(), tmp_path_factory.mktemp("backends") / "backends", router)

@@ -14,8 +14,8 @@ with an empty FINAL.
 
 import triton_python_backend_utils as pb_utils
 
-from tokenrouter.serving.detokenize import prefix_window
-from tokenrouter.serving.responses import Chunk
+from tokenrouter.serving.text.detokenize import prefix_window
+from tokenrouter.serving.subserver.output_chunk import OutputChunk
 from tokenrouter.serving.schema import split_sequences
 
 SMALL, LARGE = "echo_small", "echo_large"
@@ -42,9 +42,9 @@ def echo(prompt, max_tokens, end_ids, stops):
 
 def _response(tokens, start, end, finish, logprobs):
     models = [LARGE if i % 3 == 2 else SMALL for i in range(end)]
-    chunk = Chunk(tokens[start:end], [m.encode() for m in models[start:end]], prefix_window(tokens, start), finish,
-                  models.count(LARGE) / end if end else 0.0,
-                  [-(i + 1) / 8 for i in range(start, end)] if logprobs else [])
+    chunk = OutputChunk(tokens[start:end], [m.encode() for m in models[start:end]], prefix_window(tokens, start),
+                        finish, models.count(LARGE) / end if end else 0.0,
+                        [-(i + 1) / 8 for i in range(start, end)] if logprobs else [])
     return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in chunk.tensors().items()])
 
 

@@ -15,7 +15,7 @@ from tokenrouter_tools.bench.runner import Timing
 from tokenrouter_tools.bench.served import PEER_HISTOGRAM, markdown, run_served
 from tokenrouter_tools.bench.triton_target import TritonTarget
 from tokenrouter_tools.bench.workloads import TextPrompts, Workload
-from tokenrouter_tools.serve import TINY_CONFIG
+from tokenrouter.launch.serve import TINY_CONFIG
 
 
 def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(start_server, tiny_pair,

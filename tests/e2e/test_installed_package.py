@@ -47,7 +47,7 @@ def test_the_installed_cli_finds_its_files_in_the_installed_packages(installed, 
     probe = """
 import json, tokenrouter, tokenrouter_engines, tokenrouter_tools
 from tokenrouter_engines.recipe import load_recipe
-from tokenrouter_tools.paths import backend_entry, shipped_config, shipped_configs
+from tokenrouter.launch.paths import backend_entry, shipped_config, shipped_configs
 print(json.dumps({"modules": [m.__file__ for m in (tokenrouter, tokenrouter_engines, tokenrouter_tools)],
                   "configs": shipped_configs(), "tiny": str(shipped_config("tiny.yaml")),
                   "backend": str(backend_entry()), "recipe": type(load_recipe()).__name__}))

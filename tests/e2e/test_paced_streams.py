@@ -17,7 +17,7 @@ from tokenrouter import TokenRouter
 from tokenrouter.config import load_config
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec
-from tokenrouter_tools.paths import shipped_config
+from tokenrouter.launch.paths import shipped_config
 
 from tokenrouter.client import grpc_stream, inputs
 

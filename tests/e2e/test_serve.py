@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tokenrouter.client import http_generate
-from tokenrouter_tools.triton_server import Ports
+from tokenrouter.launch.triton_server import Ports
 
 from .conftest import render_echo_repository
 
@@ -50,7 +50,7 @@ def _launch(*args: str, python: str = sys.executable, cwd: Path | None = None) -
     launcher = subprocess.Popen(
         # --ready-timeout: the tiny pair starts in under a minute here; a start seen hanging once
         # (docs/reliability.md, known limits) then fails in 5 minutes with the log, not at pytest's timeout
-        [python, "-m", "tokenrouter_tools.cli", "serve", *args, f"--http-port={ports.http}",
+        [python, "-m", "tokenrouter.launch.cli", "serve", *args, f"--http-port={ports.http}",
          f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}", "--triton-arg=--exit-timeout-secs=5",
          *(["--ready-timeout=300"] if not any(a.startswith("--ready-timeout") for a in args) else [])],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
@@ -128,7 +128,7 @@ def test_serve_reports_a_model_that_cannot_load(tiny_tokenizer: Path, tmp_path: 
     repo = render_echo_repository(tmp_path / "repo", tmp_path / "no-such-tokenizer")
     ports = Ports.free()
     done = subprocess.run(
-        [sys.executable, "-m", "tokenrouter_tools.cli", "serve", "--model-repository", str(repo),
+        [sys.executable, "-m", "tokenrouter.launch.cli", "serve", "--model-repository", str(repo),
          f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}"],
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 1

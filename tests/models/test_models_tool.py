@@ -21,7 +21,7 @@ from tokenrouter_engines.fetch import (
     ChecksumError, DiskSpaceError, DownloadError, check_free_space, disk_errors, download_parts, join_parts,
 )
 from tokenrouter_engines.recipe import DEFAULT_RECIPE, RecipeError, load_recipe, parse_recipe
-from tokenrouter_tools.cli import main as cli
+from tokenrouter.launch.cli import main as cli
 
 CHUNKS = [b"GGUF" + bytes(range(256)) * 40, b"second chunk " * 500, b"tail"]
 

@@ -13,7 +13,7 @@ import pytest
 from e2e.conftest import add_unary_front, backend_dir  # noqa: F401 - the e2e suite's backend folder, built once
 from e2e.test_routing_server import routing_config
 from tokenrouter.serving.repository import render_repository
-from tokenrouter_tools.triton_server import Ports, TritonServer, find_triton
+from tokenrouter.launch.triton_server import Ports, TritonServer, find_triton
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ from tritonclient.utils import InferenceServerException
 
 from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from e2e.test_routing_server import MAX_MODEL_LEN, PROMPTS
-from tokenrouter.serving.input_limits import BYTES_PER_TOKEN_BOUND
-from tokenrouter_tools.triton_server import stub_pids
+from tokenrouter.serving.text.input_limits import BYTES_PER_TOKEN_BOUND
+from tokenrouter.launch.triton_server import stub_pids
 
 
 def _rss_mb(pid: int) -> float:

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 from tokenrouter.client import grpc_stream, http_generate, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _children, _launch
-from tokenrouter_tools.triton_server import stub_pids
+from tokenrouter.launch.triton_server import stub_pids
 
 RECOVERY_S = 240.0  # a fresh start of the tiny pair takes 20-60 s on this shared 2-core machine; the target is 30 s
 

@@ -21,9 +21,9 @@ import pytest
 from tokenrouter.protocol import PeerMessage, encode_batch
 from tokenrouter.runtime.admission import ServerBusy
 from tokenrouter.runtime.request import RequestError
-from tokenrouter.serving.intake import SubserverIntake
+from tokenrouter.serving.subserver.intake import SubserverIntake
 from tokenrouter.serving.peer_auth import front_request_parameters, peer_parameters
-from tokenrouter.serving.responses import ResponseWriter
+from tokenrouter.serving.subserver.subserver_writer import SubserverWriter
 
 FINAL = 1
 SECRET = "s3cret"
@@ -171,19 +171,19 @@ def _run_once(make_request, at: int, kind: type[BaseException]) -> tuple[Faults,
     faults = Faults(at, kind)
     pb = fake_pb(faults)
     subserver = FakeSubserver(faults)
-    writer = ResponseWriter(pb, subserver, cancel_poll_s=POLL_S)
+    writer = SubserverWriter(pb, subserver, cancel_poll_s=POLL_S)
     request = make_request(faults)
     try:
         SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
         for sink in subserver.sinks:  # what the subserver owns, it answers later
             sink.on_output([7], [0], "length")
         deadline = time.monotonic() + 2
-        while writer._senders and time.monotonic() < deadline:
+        while writer._tracked and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(3 * POLL_S)  # three cancellation polls: a sender left tracked would be polled
     finally:
         writer.close()
-    assert not writer._senders, f"sender still tracked after a fault in {faults.fired_in}"
+    assert not writer._tracked, f"sender still tracked after a fault in {faults.fired_in}"
     return faults, request, subserver
 
 
@@ -240,7 +240,7 @@ def test_a_front_request_that_fails_is_answered_as_data() -> None:
         pb = fake_pb(faults)
         subserver = FakeSubserver(faults)
         subserver.submit = lambda *args: (_ for _ in ()).throw(RequestError("bad max_tokens"))
-        writer = ResponseWriter(pb, subserver, cancel_poll_s=POLL_S)
+        writer = SubserverWriter(pb, subserver, cancel_poll_s=POLL_S)
         request = make_request(faults)
         try:
             SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
@@ -269,7 +269,7 @@ def test_a_peer_message_without_the_secret_is_refused_counted_and_not_delivered(
     pb = fake_pb(faults)
     subserver = FakeSubserver(faults)
     refused = []
-    writer = ResponseWriter(pb, subserver)
+    writer = SubserverWriter(pb, subserver)
     request = peer_request(faults, secret)
     try:
         SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET,
@@ -286,7 +286,7 @@ def test_a_client_request_to_a_model_that_is_not_the_entry_is_a_clear_invalid_ar
     pb = fake_pb(faults)
     subserver = FakeSubserver(faults)
     subserver.name, subserver.is_entry = "llm", False
-    writer = ResponseWriter(pb, subserver)
+    writer = SubserverWriter(pb, subserver)
     request = client_request(faults)
     try:
         SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
@@ -294,4 +294,4 @@ def test_a_client_request_to_a_model_that_is_not_the_entry_is_a_clear_invalid_ar
         writer.close()
     message, code = error_of(request.sender.finals[0])
     assert code == "INVALID_ARG" and "not the entry model" in message
-    assert not writer._senders and not subserver.sinks
+    assert not writer._tracked and not subserver.sinks

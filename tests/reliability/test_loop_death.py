@@ -25,13 +25,13 @@ from e2e.test_serve import _launch
 from tokenrouter.client import grpc_stream, http_generate, inputs
 from tokenrouter.serving.repository import render_repository
 from tokenrouter_engines.tiny import ensure_tiny_pair
-from tokenrouter_tools.serve import TINY_CONFIG, TINY_FAMILY, TINY_SEED, _with_pair
+from tokenrouter.launch.serve import TINY_CONFIG, TINY_FAMILY, TINY_SEED, _with_pair
 
 BROKEN_MODEL = "llm"
 BREAKING_MODEL_PY = '''
 import os
 
-from tokenrouter.serving.backend_entry import TritonPythonModel as Backend
+from tokenrouter.serving.subserver.backend_model import TritonPythonModel as Backend
 
 
 class TritonPythonModel(Backend):

@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from e2e.test_routing_server import PROMPTS, stream_ids
 from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
-from tokenrouter_tools.triton_server import ADMIN_HEADER
+from tokenrouter.launch.triton_server import ADMIN_HEADER
 
 PROBE = "uploaded_probe"
 PROBE_CONFIG = json.dumps({

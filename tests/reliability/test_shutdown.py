@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 from tokenrouter.client import grpc_stream, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _descendants, _launch, wait_stopped
-from tokenrouter_tools.triton_server import SHM_DIR, SHM_PATTERN, shm_regions_of
+from tokenrouter.launch.triton_server import SHM_DIR, SHM_PATTERN, shm_regions_of
 
 STREAMS = 16
 MAX_TOKENS = 200  # with min_tokens as long: no stream of the first wave ends within the 1 s before SIGTERM

@@ -22,8 +22,8 @@ import pytest
 from e2e.conftest import render_echo_repository
 from e2e.test_serve import _children, _launch
 from tokenrouter.client import http_generate, http_post
-from tokenrouter_tools.supervisor import FREE_RESTARTS
-from tokenrouter_tools.triton_server import ADMIN_HEADER, process_alive, shm_regions_of, stub_pids
+from tokenrouter.launch.supervisor import FREE_RESTARTS
+from tokenrouter.launch.triton_server import ADMIN_HEADER, process_alive, shm_regions_of, stub_pids
 
 RESTARTS = FREE_RESTARTS + 1  # past the 5 after which the launcher used to exit ("giving up")
 RESTART_S = 120.0  # an echo server starts in seconds; a loaded 2-core machine takes longer

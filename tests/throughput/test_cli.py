@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter_tools.cli import main
+from tokenrouter.launch.cli import main
 
 
 def _best(output: str) -> list[str]:

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from tokenrouter.protocol import RequestSpec
-from tokenrouter.serving.detokenize import PREFIX_TOKENS, chunk_text, prefix_window
-from tokenrouter.serving.front_outputs import EntryChunk, GenerationOutput
-from tokenrouter.serving.front_request import Generation
+from tokenrouter.serving.front.front_outputs import GenerationOutput
+from tokenrouter.serving.front.front_request import Generation
+from tokenrouter.serving.schema import PREFIX_TOKENS
+from tokenrouter.serving.text.detokenize import chunk_text, prefix_window
+from tokenrouter.serving.text.entry_chunk import EntryChunk
 from tokenrouter.text import TextCodec
 
 REAL_TOKENIZER = Path(__file__).resolve().parents[2] / "engines/build/models/qwen2.5-coder-0.5b-instruct"

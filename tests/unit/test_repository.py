@@ -273,7 +273,7 @@ def test_the_text_models_and_the_front_speak_the_subserver_interface() -> None:
     """preprocessing's outputs are subserver inputs, postprocessing reads subserver outputs, and the
     front sends only subserver inputs, each of its declared dtype (one schema, no second list)."""
     from tokenrouter.protocol import RequestSpec
-    from tokenrouter.serving.front_request import Generation
+    from tokenrouter.serving.front.front_request import Generation
     from tokenrouter.serving.schema import (POSTPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, SPEC_SCALARS,
                                             SUBSERVER_INPUTS, SUBSERVER_OUTPUTS)
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrouter.serving.responses import Chunk, Pacer, _Data, _Error
+from tokenrouter.serving.subserver.output_chunk import OutputChunk
+from tokenrouter.serving.subserver.pacing import Pacer, QueuedChunk, QueuedError
 
 INTERVAL = 0.05
 
 
 def data(rid: str, tokens: list[int], models: list[str], prefix: list[int], reason: str | None = None,
-         share: float = 0.0) -> _Data:
-    return _Data(rid, f"sender-{rid}", Chunk(list(tokens), [m.encode() for m in models], list(prefix), reason, share, []))
+         share: float = 0.0) -> QueuedChunk:
+    chunk = OutputChunk(list(tokens), [m.encode() for m in models], list(prefix), reason, share, [])
+    return QueuedChunk(rid, f"sender-{rid}", chunk)
 
 
 def feed(pacer: Pacer, *items) -> list:
@@ -70,9 +72,9 @@ def test_an_error_goes_out_at_once_after_the_output_held_before_it() -> None:
     pacer = Pacer()
     feed(pacer, data("a", [1], ["slm"], []))
     pacer.due(0.0, INTERVAL)
-    error = _Error("a", "sender-a", "boom")
+    error = QueuedError("a", "sender-a", "boom")
     out = feed(pacer, data("a", [2], ["slm"], [1]), error)
-    assert [type(i).__name__ for i in out] == ["_Data", "_Error"] and out[0].chunk.tokens == [2]
+    assert [type(i).__name__ for i in out] == ["QueuedChunk", "QueuedError"] and out[0].chunk.tokens == [2]
     assert pacer.due(0.001, INTERVAL) == [] and pacer.next_due(0.001, INTERVAL) is None
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter_tools.triton_server import (START_ATTEMPTS, Ports, StartAborted, TritonError, TritonInstall,
+from tokenrouter.launch.triton_server import (START_ATTEMPTS, Ports, StartAborted, TritonError, TritonInstall,
                                             TritonServer, process_alive)
 
 STAND_IN = '''#!{python}

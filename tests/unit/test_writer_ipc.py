@@ -9,8 +9,9 @@ import threading
 import time
 from types import SimpleNamespace
 
-from tokenrouter.serving.responses import (CANCEL_POLL_S, MAX_CANCEL_POLLS_PER_S, Chunk, ResponseWriter,
-                                           cancel_poll_interval)
+from tokenrouter.serving.cancel_polling import CANCEL_POLL_S, MAX_CANCEL_POLLS_PER_S, cancel_poll_interval
+from tokenrouter.serving.subserver.output_chunk import OutputChunk
+from tokenrouter.serving.subserver.subserver_writer import SubserverWriter
 
 
 class CountingSender:
@@ -34,7 +35,7 @@ PB = SimpleNamespace(TRITONSERVER_RESPONSE_COMPLETE_FINAL=1, Tensor=lambda name,
 def test_the_entry_polls_a_client_s_sender_but_never_a_front_s() -> None:
     """A front's request (keyed) is cancelled by its front's control call; Triton never marks a BLS
     request cancelled, so polling it is an IPC round trip for nothing. Catches keyed senders polled."""
-    writer = ResponseWriter(PB, SimpleNamespace(cancel=lambda rid: None), cancel_poll_s=0.01)
+    writer = SubserverWriter(PB, SimpleNamespace(cancel=lambda rid: None), cancel_poll_s=0.01)
     client, front = CountingSender(), CountingSender()
     try:
         writer.track("slm-0", client)
@@ -53,12 +54,12 @@ def test_many_live_senders_share_the_poll_budget() -> None:
 
 def test_a_response_carries_only_the_outputs_asked_for() -> None:
     """Catches the writer building every output whatever the caller requested."""
-    writer = ResponseWriter(PB, SimpleNamespace(cancel=lambda rid: None))
+    writer = SubserverWriter(PB, SimpleNamespace(cancel=lambda rid: None))
     picky, everything = CountingSender(), CountingSender()
     try:
         for rid, sender, wanted in (("a", picky, frozenset({"output_ids", "is_final"})), ("b", everything, None)):
             writer.track(rid, sender)
-            writer.respond(rid, sender, Chunk([5, 6], [b"slm", b"llm"], [4], "length", 0.5, []), wanted)
+            writer.respond(rid, sender, OutputChunk([5, 6], [b"slm", b"llm"], [4], "length", 0.5, []), wanted)
         deadline = time.monotonic() + 5
         while not (picky.sent and everything.sent) and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -23,7 +23,8 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from ..paths import runtime_dir
+from tokenrouter.launch.paths import runtime_dir
+
 from .report import fmt, table
 
 SYSTEMS = ("embedded", "served")
@@ -54,8 +55,11 @@ def baseline_tree(ref: str) -> tuple[Path, Path]:
 
 
 def _run_served(tree: Path, python: Path, served_args: Sequence[str], out: Path) -> dict[str, Any]:
-    run = subprocess.run([str(python), "-m", "tokenrouter_tools.cli", "bench", "served", "--reps", "1", "--json",
-                          str(out), *served_args], cwd=tree, capture_output=True, text=True)
+    # The tree's own console script: the module behind `tokenrouter` differs between commits
+    # (tokenrouter_tools.cli before the launcher moved into the package, tokenrouter.launch.cli since).
+    cli = python.parent / "tokenrouter"
+    run = subprocess.run([str(cli), "bench", "served", "--reps", "1", "--json", str(out), *served_args],
+                         cwd=tree, capture_output=True, text=True)
     if run.returncode != 0:  # its progress bars stay quiet; its error does not
         raise RuntimeError(f"bench served in {tree} failed ({run.returncode}):\n{run.stderr[-3000:]}")
     return json.loads(out.read_text())

@@ -120,7 +120,7 @@ def _sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable
 def _served(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:
     from tokenrouter.config import load_config
 
-    from ..serve import TINY_CONFIG
+    from tokenrouter.launch.serve import TINY_CONFIG
     from .setups import tiny_setup
 
     setup = tiny_setup()  # builds the tiny pair if needed; its text workload sizes fit tiny.yaml

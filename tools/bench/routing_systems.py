@@ -24,10 +24,9 @@ from typing import Callable, Iterator, Sequence
 from tokenrouter import client
 from tokenrouter.config import ModelSpec, TokenRouterConfig
 from tokenrouter.engine.process_engine import EngineProcess
+from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
 from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.serving.repository import render_repository
-
-from ..triton_server import Ports, TritonServer, build_backend_dir, find_triton
 
 SERVER_READY_S = 900.0  # the real pair loads in about two minutes when the machine is quiet
 REPLY_TIMEOUT_S = 600.0

@@ -18,11 +18,11 @@ from typing import Any, Sequence
 from tokenrouter.config import TokenRouterConfig
 from tokenrouter.engine.base import Engine
 from tokenrouter.engine.factory import create_engine
+from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
 from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec
 
-from ..triton_server import Ports, TritonServer, build_backend_dir, find_triton
 from . import prometheus
 from .compare import side_by_side
 from .cpu import group_cpu_by_process, own_cpu_seconds

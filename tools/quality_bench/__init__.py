@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenrouter.config import load_config
+from tokenrouter.launch.paths import routers_dir, shipped_config
 
-from ..paths import routers_dir, shipped_config
 from .humaneval import MODES, load_problems
 from .report import markdown_table, plot_frontier, read_json, summarize, write_json
 from .runner import PolicyRun, load_engines, run_setting, warm_up

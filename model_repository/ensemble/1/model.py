@@ -1,3 +1,3 @@
 """Triton loads this file; the model lives in the tokenrouter package."""
 
-from tokenrouter.serving.front_model import TritonPythonModel  # noqa: F401
+from tokenrouter.serving.front.front_model import TritonPythonModel  # noqa: F401

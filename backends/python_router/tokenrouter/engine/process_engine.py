@@ -20,7 +20,7 @@ import sys
 import threading
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Connection
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -33,10 +33,12 @@ class EngineProcessError(RuntimeError):
 
 
 class EngineProcess(LengthTable, Engine):
-    def __init__(self, name: str, spec: ModelSpec) -> None:
+    def __init__(self, name: str, spec: ModelSpec, env: Mapping[str, str] | None = None) -> None:
+        """``env``: the child's environment (default: this process's)."""
         self.name = name
         parent, child = socket.socketpair()
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        env = dict(os.environ if env is None else env)
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         self._process = subprocess.Popen(
             [sys.executable, "-m", "tokenrouter.engine.process_engine", str(child.fileno())],
             pass_fds=(child.fileno(),), env=env,
@@ -162,6 +164,7 @@ def _serve(conn: Connection) -> None:
     """The child: build the engine, then answer calls until told to close."""
     from .factory import create_engine
 
+    _die_with_parent()
     message = pickle.loads(conn.recv_bytes())
     engine: Engine | None = None
     try:
@@ -240,6 +243,19 @@ class LogitsBuffer:
 
     def unlink(self) -> None:
         self._memory.unlink()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies. Without it a child busy loading a model or
+    running a long call (several GB of memory) outlived a killed parent until that call ended."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the parent died before the call above: nobody is left to serve
+            os._exit(1)
 
 
 def _reply(conn: Connection, status: str, value: Any, free_blocks: int | None) -> None:

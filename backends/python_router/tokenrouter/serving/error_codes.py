@@ -4,7 +4,8 @@ Seen on the bundled Triton 2.51: a decoupled BLS response iterator never yields 
 that follows another response (the front's call then waits forever), and no error code crosses
 BLS (every error reads INTERNAL). So the entry ends a front's request that fails with a final data
 response instead: finish_reason "error", the message in ``error`` and the code's name in
-``error_code`` (responses.py); the front turns it back into an error response (entry_call.py).
+``error_code`` (subserver/output_chunk.py); the front turns it back into an error response
+(front/entry_call.py).
 """
 
 from __future__ import annotations

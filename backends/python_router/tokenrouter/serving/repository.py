@@ -203,10 +203,10 @@ def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template
                     max_batch_size=frontend.max_batch_size)
     pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS.values(),
                        outputs=PREPROCESSING_OUTPUTS.values(), parameters=text)
-    write_model(repo_dir, pre, {"model.py": _shim("tokenrouter.serving.preprocessing_model")})
+    write_model(repo_dir, pre, {"model.py": _shim("tokenrouter.serving.text.preprocessing_model")})
     post = model_config(POSTPROCESSING, backend="python", inputs=POSTPROCESSING_INPUTS.values(),
                         outputs=POSTPROCESSING_OUTPUTS.values(), parameters={"tokenizer": tokenizer})
-    write_model(repo_dir, post, {"model.py": _shim("tokenrouter.serving.postprocessing_model")})
+    write_model(repo_dir, post, {"model.py": _shim("tokenrouter.serving.text.postprocessing_model")})
 
 
 def write_front(repo_dir: Path, name: str, parameters: Mapping[str, Any], *, decoupled: bool,
@@ -218,7 +218,7 @@ def write_front(repo_dir: Path, name: str, parameters: Mapping[str, Any], *, dec
     config = model_config(name, backend="python", max_batch_size=max_batch_size, inputs=CLIENT_INPUTS.values(),
                           outputs=CLIENT_OUTPUTS.values(), parameters={**parameters, "role": "front"},
                           decoupled=decoupled)
-    return write_model(repo_dir, config, {"model.py": _shim("tokenrouter.serving.front_model")})
+    return write_model(repo_dir, config, {"model.py": _shim("tokenrouter.serving.front.front_model")})
 
 
 def _spec_parameters(spec: ModelSpec, paths: _Paths) -> dict[str, Any]:

@@ -150,9 +150,13 @@ SUBSERVER_INPUTS = _tensors(
     ("logit_bias_weights", "FP32", ANY),
     ("peer_message", "BYTES", ONE),  # subserver to subserver, and control calls (peer_auth.py)
 )
+PEER_INPUT = "peer_message"  # the one a peer message or a control call travels in (no other input with it)
+# How many of the tokens emitted before a chunk travel with it as prefix_ids: a character has at
+# most 4 bytes, so a held-back partial character always fits (text/detokenize.py).
+PREFIX_TOKENS = 8
 SUBSERVER_OUTPUTS = _tensors(
     ("output_ids", "INT32", ANY),
-    ("prefix_ids", "INT32", ANY),  # up to 8 tokens before the chunk (UTF-8 safe decoding, detokenize.py)
+    ("prefix_ids", "INT32", ANY),  # up to PREFIX_TOKENS tokens before the chunk (UTF-8 safe decoding)
     ("output_models", "BYTES", ANY),
     ("output_log_probs", "FP32", ANY),  # one per output_ids token when return_log_probs, else empty
     ("finish_reason", "BYTES", ONE),

@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..config import FrontendSpec
-from ..runtime.request import RequestError
-from ..text import TextCodec
+from ...config import FrontendSpec
+from ...runtime.request import RequestError
+from ...text import TextCodec
 from .input_limits import input_byte_cap
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..runtime.subserver import Subserver
+from ...runtime.subserver import Subserver
 
 TRT_LLM_LABELS = {"model": "tensorrt_llm", "version": "1"}  # as tensorrtllm_backend labels its series
 # family name -> (description, label name, label values)

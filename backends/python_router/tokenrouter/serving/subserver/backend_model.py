@@ -22,7 +22,7 @@ class TritonPythonModel:
         # inspected outside Triton.
         import triton_python_backend_utils as pb_utils
 
-        from tokenrouter.serving.triton_model import create_role  # absolute: Triton loads this file as `model`
+        from tokenrouter.serving.subserver.backend_roles import create_role  # absolute: Triton loads it as `model`
 
         self.role = create_role(pb_utils, args)
 

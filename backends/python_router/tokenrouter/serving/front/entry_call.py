@@ -20,11 +20,10 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from .bls_transport import PEER_INPUT
-from .error_codes import code_of
-from .front_outputs import EntryChunk
-from .peer_auth import cancel_parameters
-from .schema import SUBSERVER_INPUTS
+from ..error_codes import code_of
+from ..peer_auth import cancel_parameters
+from ..schema import PEER_INPUT, SUBSERVER_INPUTS
+from ..text.entry_chunk import EntryChunk
 
 
 class EntryError(Exception):

@@ -21,21 +21,21 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..protocol import RequestSpec, decode_batch
-from ..runtime.admission import ServerBusy
-from ..runtime.request import RequestError
-from .bls_transport import PEER_INPUT
-from .peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
-                        carries_secret, request_parameters)
-from .responses import ResponseWriter, TritonSink
-from .schema import SPEC_SCALARS, split_sequences
+from ...protocol import RequestSpec, decode_batch
+from ...runtime.admission import ServerBusy
+from ...runtime.request import RequestError
+from ..peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
+                         carries_secret, request_parameters)
+from ..schema import PEER_INPUT, SPEC_SCALARS, split_sequences
+from .subserver_writer import SubserverWriter
+from .triton_sink import TritonSink
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 16
 
 
 class SubserverIntake:
-    def __init__(self, pb_utils: Any, subserver: Any, writer: ResponseWriter, names: list[str], secret: str,
+    def __init__(self, pb_utils: Any, subserver: Any, writer: SubserverWriter, names: list[str], secret: str,
                  on_refused_peer_call: Callable[[], None] = lambda: None) -> None:
         self._pb, self._subserver, self._writer = pb_utils, subserver, writer
         self._names, self._secret = names, secret

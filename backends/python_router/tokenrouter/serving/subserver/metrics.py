@@ -10,8 +10,8 @@ import threading
 from collections import Counter
 from typing import Any
 
-from ..runtime.emission import large_model_share
-from ..runtime.subserver import Subserver
+from ...runtime.emission import large_model_share
+from ...runtime.subserver import Subserver
 from .trt_llm_metrics import TrtLlmMetrics
 
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]

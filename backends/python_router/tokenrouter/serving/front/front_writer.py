@@ -4,8 +4,9 @@ Seen on the bundled Triton 2.51: a Python stub whose threads send responses conc
 each on its own sender) corrupts its heap within minutes under 50 streams ("malloc(): unaligned
 fastbin chunk detected"), while the same load with every send on one thread ran clean (8 rounds of
 100 streams). So the generation threads only queue their outputs here, like the entry's
-ResponseWriter (responses.py). Polling a sender after its FINAL crashes tritonserver (SIGSEGV, see
-intake.py): a request leaves the poll before its FINAL goes out, on this same thread.
+SubserverWriter (subserver/subserver_writer.py). Polling a sender after its FINAL crashes
+tritonserver (SIGSEGV, see intake.py): a request leaves the poll before its FINAL goes out, on this
+same thread.
 
 The writer also watches for clients that cancelled or went away: Triton does not pass a client's
 cancellation on to a BLS request, so it cancels the entry's requests by the keys the front gave
@@ -24,7 +25,7 @@ from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
-from .responses import CANCEL_POLL_S, cancel_poll_interval
+from ..cancel_polling import CANCEL_POLL_S, cancel_poll_interval
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +45,14 @@ class ClientRequest:
 
 
 @dataclass
-class _Output:
+class _ClientOutput:
     request: ClientRequest
     outputs: Mapping[str, np.ndarray]
     last_of_generation: bool
 
 
 @dataclass
-class _Error:
+class _ClientError:
     request: ClientRequest
     message: str
     code: Any
@@ -75,15 +76,15 @@ class FrontWriter:
 
     def respond(self, request: ClientRequest, outputs: Mapping[str, np.ndarray], last_of_generation: bool) -> None:
         """A response of one generation; the FINAL flag rides on the last response of the last one."""
-        self._queue.put(_Output(request, outputs, last_of_generation))
+        self._queue.put(_ClientOutput(request, outputs, last_of_generation))
 
     def fail(self, request: ClientRequest, message: str, code: Any) -> None:
         """End the request with an error; its other generations are cancelled at the entry."""
-        self._queue.put(_Error(request, message, code))
+        self._queue.put(_ClientError(request, message, code))
 
     def reject(self, sender: Any, message: str, code: Any) -> None:
         """Answer a request that never started with an error."""
-        self._queue.put(_Error(ClientRequest(sender, [], None), message, code))
+        self._queue.put(_ClientError(ClientRequest(sender, [], None), message, code))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -110,10 +111,10 @@ class FrontWriter:
                 self._poll_cancellation()
                 last_poll = time.monotonic()
 
-    def _take(self, item: ClientRequest | _Output | _Error) -> None:
+    def _take(self, item: ClientRequest | _ClientOutput | _ClientError) -> None:
         if isinstance(item, ClientRequest):
             self._live.add(item)
-        elif isinstance(item, _Output):
+        elif isinstance(item, _ClientOutput):
             self._send_output(item)
         elif not item.request.done:
             self._end(item.request)
@@ -122,7 +123,7 @@ class FrontWriter:
             if len(item.request.keys) > 1:
                 self._cancel(item.request.keys)
 
-    def _send_output(self, item: _Output) -> None:
+    def _send_output(self, item: _ClientOutput) -> None:
         request, pb = item.request, self._pb
         if request.done:
             return  # the request failed or was cancelled: a late generation's output goes nowhere

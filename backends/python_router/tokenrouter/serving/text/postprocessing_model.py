@@ -1,6 +1,6 @@
 """Triton model `postprocessing`, for clients that call the entry subserver themselves: one chunk of
 its output -> text_output, UTF-8 safe and stateless (detokenize.py), with output_ids,
-output_models, finish_reason and large_model_share as the fronts answer them (front_outputs.py)."""
+output_models, finish_reason and large_model_share as the fronts answer them (entry_chunk.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from ..schema import POSTPROCESSING_INPUTS
 from .detokenize import chunk_text
-from .front_outputs import EntryChunk, chunk_outputs
+from .entry_chunk import EntryChunk, chunk_outputs
 from .input_limits import context_limit
-from .python_model import RequestError, TokenizerModel, input_array
-from .schema import POSTPROCESSING_INPUTS
+from .tokenizer_stub import RequestError, TokenizerModel, input_array
 
 
 class TritonPythonModel(TokenizerModel):

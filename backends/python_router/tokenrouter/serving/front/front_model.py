@@ -25,16 +25,16 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from ..runtime.request import RequestError
-from .cpu_sampler import CpuSampler
+from ...runtime.request import RequestError
+from ..cpu_sampler import CpuSampler
+from ..peer_auth import front_request_parameters, new_request_key, server_secret
+from ..schema import EXCLUDE_INPUT
+from ..text.text_inputs import TextInputs
+from ..text.tokenizer_stub import load_codec, model_parameters, parse_bool
 from .entry_call import EntryError, cancel_at_entry, stream_from_entry
 from .front_outputs import GenerationOutput
 from .front_request import FanOutLimits, Generation, parse_request
 from .front_writer import ClientRequest, FrontWriter
-from .peer_auth import front_request_parameters, new_request_key, server_secret
-from .python_model import load_codec, model_parameters, parse_bool
-from .schema import EXCLUDE_INPUT
-from .text_inputs import TextInputs
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..config import FrontendSpec
-from ..protocol import RequestSpec
-from ..runtime.request import RequestError, validate_spec_sampling
-from .schema import SPEC_SCALARS, SUBSERVER_INPUTS, flatten_sequences
-from .text_inputs import TextInputs
+from ...config import FrontendSpec
+from ...protocol import RequestSpec
+from ...runtime.request import RequestError, validate_spec_sampling
+from ..schema import SPEC_SCALARS, SUBSERVER_INPUTS, flatten_sequences
+from ..text.text_inputs import TextInputs
 
 DEFAULT_MAX_TOKENS = 16  # TensorRT-LLM requires max_tokens; a missing one means this many here
 # What TensorRT-LLM reads for a sampling input that is not sent. top_k 0 and top_p 0 together mean

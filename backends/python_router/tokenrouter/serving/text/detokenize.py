@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..text import TextCodec
-
-PREFIX_TOKENS = 8
+from ...text import TextCodec
+from ..schema import PREFIX_TOKENS
 
 
 def prefix_window(ids: Sequence[int], start: int) -> list[int]:

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from tokenrouter.serving.bls_transport import PEER_INPUT
 from tokenrouter.serving.peer_auth import SECRET_ENV, control_parameters, new_secret
+from tokenrouter.serving.schema import PEER_INPUT
 
 from .paths import backend_entry
 

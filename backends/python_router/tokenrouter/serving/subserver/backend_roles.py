@@ -1,9 +1,10 @@
 """What the python_router backend's model.py runs: a subserver, or the routing_policy model (policy holder).
 
 The glue is thin: intake.py turns requests into the runtime Subserver's submissions and peer
-messages; responses.py turns the subserver's output events into decoupled responses on a thread
-of its own (so the decoding loop never waits on Triton's IPC); bls_transport.py carries peer
-messages to the other subservers, signed with this server start's secret (peer_auth.py).
+messages; triton_sink.py and subserver_writer.py turn the subserver's output events into decoupled
+responses on a thread of their own (so the decoding loop never waits on Triton's IPC);
+bls_transport.py carries peer messages to the other subservers, signed with this server start's
+secret (peer_auth.py).
 """
 
 from __future__ import annotations
@@ -17,16 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.factory import create_engine
-from ..runtime.assembly import build_policy, build_subserver, effective_max_model_len, kv_capacity
-from ..runtime.strategies import MULTI_PROCESS, make_strategy
+from ...engine.factory import create_engine
+from ...runtime.assembly import build_policy, build_subserver, effective_max_model_len, kv_capacity
+from ...runtime.strategies import MULTI_PROCESS, make_strategy
+from ..cpu_sampler import CpuSampler
+from ..peer_auth import server_secret
+from ..repository import MAX_BATCH_SIZE, read_repository
 from .bls_transport import BlsTransport
-from .cpu_sampler import CpuSampler
 from .intake import SubserverIntake
 from .metrics import SubserverMetrics
-from .peer_auth import server_secret
-from .repository import MAX_BATCH_SIZE, read_repository
-from .responses import ResponseWriter
+from .subserver_writer import SubserverWriter
 
 log = logging.getLogger(__name__)
 # Exit status of a stub that takes itself down because its subserver's loop died (EX_SOFTWARE).
@@ -94,7 +95,8 @@ class SubserverRole:
         self.subserver = build_subserver(config, self.name, engine, build_policy(config), self._transport,
                                          make_strategy(config.scheduling.strategy, len(config.models)),
                                          max_model_len=max_model_len, capacities=capacities)
-        self._writer = ResponseWriter(pb_utils, self.subserver, max_responses_per_s=config.scheduling.max_responses_per_s)
+        self._writer = SubserverWriter(pb_utils, self.subserver,
+                                       max_responses_per_s=config.scheduling.max_responses_per_s)
         self._metrics = SubserverMetrics(pb_utils, self.subserver)
         self._intake = SubserverIntake(pb_utils, self.subserver, self._writer, config.model_names, secret,
                                        on_refused_peer_call=self._metrics.count_refused_peer_call)

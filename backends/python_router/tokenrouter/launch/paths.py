@@ -32,7 +32,7 @@ def shipped_configs() -> list[str]:
 
 def backend_entry() -> Path:
     """The file Triton loads as ``python_router/model.py`` (found without importing Triton's utils)."""
-    spec = importlib.util.find_spec("tokenrouter.serving.backend_entry")
+    spec = importlib.util.find_spec("tokenrouter.serving.subserver.backend_model")
     assert spec is not None and spec.origin is not None
     return Path(spec.origin)
 

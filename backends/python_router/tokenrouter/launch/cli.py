@@ -9,8 +9,8 @@ import sys
 
 # name -> (module, one-line help). Each module defines configure(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("tokenrouter_tools.serve", "run Triton with the TokenRouter model repository"),
-    "build-repository": ("tokenrouter_tools.build_repository", "render a model repository from a YAML config"),
+    "serve": ("tokenrouter.launch.serve", "run Triton with the TokenRouter model repository"),
+    "build-repository": ("tokenrouter.launch.build_repository", "render a model repository from a YAML config"),
     "models": ("tokenrouter_engines.models", "install the real model pair or make tiny test pairs"),
     "throughput": ("tokenrouter_tools.throughput_cli", "predict throughput and the best batch thresholds"),
     "bench": ("tokenrouter_tools.bench", "run the benchmark suite"),

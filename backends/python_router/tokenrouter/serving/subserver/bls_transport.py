@@ -16,14 +16,12 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from ..protocol import PeerMessage, encode_batch
-from ..runtime.transport import Transport
-from .peer_auth import peer_parameters
-from .schema import SUBSERVER_INPUTS
+from ...protocol import PeerMessage, encode_batch
+from ...runtime.transport import Transport
+from ..peer_auth import peer_parameters
+from ..schema import PEER_INPUT, SUBSERVER_INPUTS
 
 log = logging.getLogger(__name__)
-
-PEER_INPUT = "peer_message"
 
 
 class BlsTransport(Transport):

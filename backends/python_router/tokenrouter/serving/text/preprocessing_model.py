@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from .python_model import TokenizerModel, input_array
-from .schema import PREPROCESSING_OUTPUTS, flatten_sequences
+from ..schema import PREPROCESSING_OUTPUTS, flatten_sequences
 from .text_inputs import TextInputs
+from .tokenizer_stub import TokenizerModel, input_array
 
 
 class TritonPythonModel(TokenizerModel):
