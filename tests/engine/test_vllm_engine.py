@@ -13,6 +13,9 @@ The qwen3 engines are shared by the session (see tests/conftest.py): each test r
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -174,12 +177,116 @@ def test_signals_and_sampling_follow_the_returned_logits(vllm_tiny_engines, tiny
 
 
 def test_a_vllm_without_what_the_adapter_uses_is_refused_at_start_by_name(monkeypatch) -> None:
-    """Checked by capability: the installed vLLM passes; one without the engine core's add step
-    (or resumable requests) is refused before any engine is built, naming what it lacks."""
-    from tokenrouter.engine.vllm_engine import TESTED_VLLM, require_vllm_capabilities
+    """Checked by capability: the installed vLLM passes; one without the engine core's add step,
+    an engine argument, or with a new required request field is refused before any engine is
+    built, naming what it lacks and the supported range."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine import EngineCoreRequest
     from vllm.v1.engine.core import EngineCore
 
+    from tokenrouter.engine.vllm_compat import SUPPORTED_VLLM, UnsupportedVLLM, require_vllm_capabilities
+
     require_vllm_capabilities()
-    monkeypatch.delattr(EngineCore, "preprocess_add_request")
-    with pytest.raises(RuntimeError, match=rf"lacks EngineCore.preprocess_add_request: .*tested with vLLM {TESTED_VLLM}"):
-        require_vllm_capabilities()
+    range_named = re.escape(f"supported: {SUPPORTED_VLLM}")
+    with monkeypatch.context() as patch:
+        patch.delattr(EngineCore, "preprocess_add_request")
+        with pytest.raises(UnsupportedVLLM, match=rf"lacks EngineCore.preprocess_add_request: .*{range_named}"):
+            require_vllm_capabilities()
+    with monkeypatch.context() as patch:
+        patch.setattr("dataclasses.fields", lambda cls: [f for f in FIELDS(cls) if f.name != "async_scheduling"])
+        with pytest.raises(UnsupportedVLLM, match="lacks EngineArgs.async_scheduling"):
+            require_vllm_capabilities()
+    with monkeypatch.context() as patch:
+        fields = ("session_token",) + EngineCoreRequest.__struct_fields__
+        newer = type("EngineCoreRequest", (), {"__struct_fields__": fields,
+                                                "__struct_defaults__": EngineCoreRequest.__struct_defaults__})
+        patch.setattr("vllm.v1.engine.EngineCoreRequest", newer)
+        with pytest.raises(UnsupportedVLLM, match=r"EngineCoreRequest.session_token \(required"):
+            require_vllm_capabilities()
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "vllm.v1.engine.input_processor", None)  # an older vLLM's layout
+        with pytest.raises(UnsupportedVLLM, match=rf"cannot import .*{range_named}"):
+            require_vllm_capabilities()
+    assert EngineArgs  # imported before the patches: the real class is what was checked
+
+
+FIELDS = dataclasses.fields
+
+
+def test_async_scheduling_and_the_model_runner_are_set_not_left_to_vllm(tiny_pair) -> None:
+    """vLLM's GPU defaults (async scheduling on, the V2 model runner for dense models) would break
+    the adapter: both are set explicitly. On CPU vLLM forces async scheduling off and has no V2
+    runner, so the started engine cannot tell; what the adapter passes, and what vLLM read from
+    the environment, can."""
+    from tokenrouter.engine.vllm_compat import vllm_environment
+    from tokenrouter.engine.vllm_engine import engine_arguments
+
+    spec = ModelSpec(path=str(tiny_pair["small"]), engine="vllm", device="cuda:0", kv_cache_tokens=4096)
+    arguments = engine_arguments(spec, dtype="bfloat16", on_cpu=False, max_position_embeddings=32768)
+    assert arguments["async_scheduling"] is False  # not None: None lets vLLM turn it on
+    assert arguments["enforce_eager"] is False  # CUDA graphs on on GPU
+    assert vllm_environment()["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    engine = create_engine("probe", ModelSpec(path=str(tiny_pair["small"]), engine="vllm", dtype="float32",
+                                              kv_cache_tokens=1024, threads=1))
+    try:
+        # In the engine's process: what vllm.envs read, and what the started engine chose.
+        settings = engine.call("runner_settings")
+        assert {key: settings[key] for key in ("VLLM_USE_V2_MODEL_RUNNER", "async_scheduling", "input_batch")} == {
+            "VLLM_USE_V2_MODEL_RUNNER": False, "async_scheduling": False, "input_batch": True}
+    finally:
+        engine.close()
+
+
+def test_max_model_len_is_what_whole_blocks_of_the_pool_hold(tiny_pair) -> None:
+    """vLLM refuses to start when one request of max_model_len does not fit the pool's whole blocks
+    (a pool of 978 tokens in blocks of 32 holds 960)."""
+    from tokenrouter.engine.vllm_engine import engine_arguments
+
+    spec = ModelSpec(path=str(tiny_pair["small"]), engine="vllm", kv_cache_tokens=978)
+    arguments = engine_arguments(spec, dtype="float32", on_cpu=True, max_position_embeddings=32768)
+    assert (arguments["max_model_len"], arguments["num_gpu_blocks_override"]) == (960, 30 + 1)
+    assert engine_arguments(spec, dtype="float32", on_cpu=True, max_position_embeddings=512)["max_model_len"] == 512
+
+
+def test_a_started_engine_that_ignored_the_settings_is_refused() -> None:
+    from types import SimpleNamespace
+
+    from tokenrouter.engine.vllm_compat import UnsupportedVLLM, check_started_engine
+
+    sync = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=False), use_v2_model_runner=False)
+    v1_runner = SimpleNamespace(input_batch=object())
+    check_started_engine(sync, v1_runner)
+    with pytest.raises(UnsupportedVLLM, match="has no input_batch"):
+        check_started_engine(sync, SimpleNamespace())
+    with pytest.raises(UnsupportedVLLM, match="schedules asynchronously"):
+        check_started_engine(SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=True)), v1_runner)
+    with pytest.raises(UnsupportedVLLM, match="V2 model runner"):
+        check_started_engine(SimpleNamespace(scheduler_config=sync.scheduler_config, use_v2_model_runner=True),
+                             v1_runner)
+
+
+def test_captured_logits_are_the_rows_vllms_own_sampler_saw(vllm_tiny_engines) -> None:
+    """The capture maps each row's logits to its request: vLLM's sampler (its own argmax and
+    log-probabilities, computed from the logits it was given) agrees with the captured logits row
+    by row, in a step that mixes prefills, decodes and an extend. The device check runs the same
+    comparison with CUDA graphs on."""
+    engine = vllm_tiny_engines["large"]
+    engine.call("record_sampler_logprobs", 5)
+    try:
+        for seq_id in "abc":
+            engine.add_sequence(seq_id)
+        engine.step([StepRow("a", list(range(3, 40))), StepRow("b", [9, 10, 11])])
+        result = engine.step([StepRow("c", list(range(50, 61))), StepRow("b", [12]), StepRow("a", [7, 8, 9])])
+        recorded = engine.call("last_sampler_logprobs")
+        assert set(recorded) == {"a", "b", "c"}
+        logprobs = torch.log_softmax(result.logits, dim=-1)
+        for row, seq_id in enumerate(result.seq_ids):
+            sampled, top = recorded[seq_id]
+            assert sampled == int(result.logits[row].argmax()) == int(result.sampled[row])
+            assert len(top) >= 5
+            for token, value in top.items():
+                assert abs(float(logprobs[row, token]) - value) < 1e-4, (seq_id, token)
+    finally:
+        engine.call("record_sampler_logprobs", 0)
+        for seq_id in "abc":
+            engine.release(seq_id)

@@ -1,4 +1,5 @@
-"""tools/gpu_check.py: the CPU miniature runs end to end and its JSON report says what ran and what did not."""
+"""tools/gpu_check.py: the CPU miniature runs end to end and every check in it passes; each check fails
+on an engine with the fault it exists to catch; the report and its exit status say what failed."""
 
 from __future__ import annotations
 
@@ -8,37 +9,64 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from tokenrouter.engine.base import StepRow
+from tokenrouter.engine.torch_engine import TorchEngine
+from tokenrouter_tools.gpu_check_common import Budget, load_model, mixed_prompts, run_part
+from tokenrouter_tools.gpu_check_report import failures, summary
+from tokenrouter_tools.gpu_check_routed import routed_equals_reference
+from tokenrouter_tools.gpu_check_torch import greedy_equals_generate, resume_computes_only_new_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "gpu_check.py"
 
 
-def _run(tmp_path: Path, *args: str) -> dict:
+def _run(tmp_path: Path, *args: str) -> tuple[dict, str]:
     out = tmp_path / "report.json"
     run = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--out", str(out), *args], capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert json.loads(run.stdout) == report  # stdout carries the same report
-    return report
+    return report, run.stderr
 
 
-def test_cpu_miniature_checks_correctness_speed_mixed_steps_and_sdpa(tmp_path: Path) -> None:
-    report = _run(tmp_path, "--skip-vllm")
+def _passed(node: dict) -> None:
+    assert node.get("passed") is True, node
+
+
+def test_cpu_miniature_passes_every_check_and_measures(tmp_path: Path) -> None:
+    report, stderr = _run(tmp_path, "--skip-vllm")
     assert report["environment"]["device"] == "cpu"
-    tiny = report["torch_engine"]["tiny"]
+    torch_engine = report["torch_engine"]
+    exact = torch_engine["exact"]
+    for size in ("small", "large"):
+        _passed(exact[f"greedy_equals_generate_{size}"])
+        assert exact[f"greedy_equals_generate_{size}"]["rows_equal"] == "4/4"
+    resume = exact["resume_computes_only_new_tokens"]
+    _passed(resume)
+    assert resume["tokens_fed_on_resume_step"] == resume["expected_fed"] == 4
+    routed = torch_engine["routed_equals_reference"]
+    _passed(routed)
+    assert routed["requests_equal"] == "6/6" and routed["large_model_tokens"] > 0
+    bench = torch_engine["tokenrouter_vs_large_alone"]
+    for n in (2, 4):
+        row = bench[f"n_{n}"]
+        assert row["tokenrouter_tok_s"] > 0 and row["large_alone_tok_s"] > 0 and 0 < row["large_model_share"] < 1
+    tiny = torch_engine["shapes"]["tiny"]
     assert tiny["greedy_vs_generate"]["tokens_equal"] is True
     assert tiny["greedy_vs_generate"]["first_step_max_abs_logit_diff"] < 1e-4
-    speeds = tiny["decode"]
-    assert set(speeds) == {"context_64", "context_128"}
-    for per_batch in speeds.values():
+    for per_batch in tiny["decode"].values():
         assert set(per_batch) == {"batch_1_ms_per_step", "batch_8_ms_per_step"}
         assert all(ms > 0 for ms in per_batch.values())
+    assert set(tiny["decode"]) == {"context_64", "context_128"}
     mixed = tiny["mixed_prefill_decode_step"]
     assert (mixed["prefill_tokens"], mixed["decode_rows"]) == (128, 7) and mixed["ms"] > 0
-    sdpa = tiny["sdpa"]
-    assert sdpa["dispatched_ops"] and sdpa["forced_backend_runs"]["MATH"] is True
+    assert tiny["sdpa"]["dispatched_ops"] and tiny["sdpa"]["forced_backend_runs"]["MATH"] is True
     assert report["vllm_engine"] == {"skipped": "--skip-vllm given"}
+    assert failures(report) == []
+    assert "torch_engine/routed_equals_reference" in stderr and "no check failed" in stderr  # the summary table
 
 
 def test_a_spent_budget_skips_every_part_and_says_so(tmp_path: Path) -> None:
@@ -46,13 +74,11 @@ def test_a_spent_budget_skips_every_part_and_says_so(tmp_path: Path) -> None:
 
     assert main(["--cpu", "--budget-s", "0", "--out", str(tmp_path / "r.json")]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["torch_engine"] == {"tiny": {"skipped": "time budget spent"}}
+    assert report["torch_engine"] == {"skipped": "time budget spent"}
     assert report["vllm_engine"] == {"skipped": "time budget spent"}
 
 
 def test_a_failing_part_is_reported_and_the_check_goes_on() -> None:
-    from tokenrouter_tools.gpu_check import Budget, run_part
-
     def broken() -> None:
         raise ValueError("bad shape")
 
@@ -61,11 +87,108 @@ def test_a_failing_part_is_reported_and_the_check_goes_on() -> None:
     assert run_part(lambda: 42, Budget(60)) == 42
 
 
+def test_a_failed_check_fails_the_run_and_is_named(tmp_path: Path, monkeypatch) -> None:
+    import tokenrouter_tools.gpu_check as gpu_check
+
+    monkeypatch.setattr(gpu_check, "routed_torch", lambda pair, plan: {"passed": False, "requests_equal": "5/6"})
+    monkeypatch.setattr(gpu_check.Plan, "for_device", classmethod(
+        lambda cls, cpu: gpu_check.Plan("cpu", torch.float32, (), (1,), (16,), 16, 4, 2, 1, "qwen2", 2, 3, None, (1,),
+                                        2, 1, 0.3, 0.3)))
+    assert gpu_check.main(["--cpu", "--skip-vllm", "--out", str(tmp_path / "r.json")]) == 1
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert failures(report) == ["torch_engine/routed_equals_reference"]
+    assert "FAIL" in summary(report) and "1 failed: torch_engine/routed_equals_reference" in summary(report)
+
+
+# --- each check catches the fault it is for -------------------------------------------------------
+class DroppingForeignTokens(TorchEngine):
+    """Feeds only the first token of a multi-token row that extends a cached sequence (a resume that
+    loses the other model's tokens); the rest of the contract holds."""
+
+    def step(self, rows, **kwargs):
+        rows = [StepRow(r.seq_id, r.new_tokens[:1], r.sampling) if self.num_cached(r.seq_id) and len(r.new_tokens) > 1
+                else r for r in rows]
+        return super().step(rows, **kwargs)
+
+
+class Refeeding(TorchEngine):
+    """A resume that recomputes the whole context (release, add again, feed everything)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.contexts: dict = {}
+
+    def step(self, rows, **kwargs):
+        fed = []
+        for row in rows:
+            context = self.contexts.setdefault(row.seq_id, [])
+            if context and len(row.new_tokens) > 1:
+                self.release(row.seq_id)
+                self.add_sequence(row.seq_id)
+                fed.append(StepRow(row.seq_id, context + list(row.new_tokens), row.sampling))
+            else:
+                fed.append(row)
+            context.extend(row.new_tokens)
+        return super().step(fed, **kwargs)
+
+
+class SwappingRows(TorchEngine):
+    """Hands each row the logits and token of the next row when more than one row runs."""
+
+    def step(self, rows, **kwargs):
+        result = super().step(rows, **kwargs)
+        if len(rows) > 1:
+            result.logits, result.sampled = result.logits.roll(1, 0), result.sampled.roll(1, 0)
+        return result
+
+
+def _engine(cls, model) -> TorchEngine:
+    return cls("faulty", model, num_blocks=256, block_size=16)
+
+
+@pytest.fixture(scope="module")
+def qwen2_pair(tiny_pair_factory) -> dict[str, Path]:
+    return tiny_pair_factory("qwen2", 0)
+
+
+def test_greedy_check_catches_rows_mixed_up(qwen2_pair) -> None:
+    model = load_model(qwen2_pair["small"], "cpu")
+    prompts = mixed_prompts(4, model.config.vocab_size, seed=11)
+    assert greedy_equals_generate(_engine(TorchEngine, model), model, prompts, 6)["passed"] is True
+    assert greedy_equals_generate(_engine(SwappingRows, model), model, prompts, 6)["passed"] is False
+
+
+@pytest.mark.parametrize("faulty", [Refeeding, DroppingForeignTokens])
+def test_resume_check_catches_a_recomputed_or_lost_context(qwen2_pair, faulty) -> None:
+    model = load_model(qwen2_pair["large"], "cpu")
+    vocab = model.config.vocab_size
+    assert resume_computes_only_new_tokens(_engine(TorchEngine, model), model, vocab)["passed"] is True
+    assert resume_computes_only_new_tokens(_engine(faulty, model), model, vocab)["passed"] is False
+
+
+def test_routed_check_catches_a_resume_that_loses_the_peers_tokens(qwen2_pair) -> None:
+    models = {"slm": load_model(qwen2_pair["small"], "cpu"), "llm": load_model(qwen2_pair["large"], "cpu")}
+    prompts = mixed_prompts(4, models["slm"].config.vocab_size, seed=41)
+    good = {name: _engine(TorchEngine, model) for name, model in models.items()}
+    assert routed_equals_reference(good, models, prompts, 10, rate=0.3)["passed"] is True
+    faulty = {"slm": _engine(DroppingForeignTokens, models["slm"]), "llm": _engine(TorchEngine, models["llm"])}
+    result = routed_equals_reference(faulty, models, prompts, 10, rate=0.3)
+    assert result["passed"] is False and result["requests_equal"] != "4/4"
+
+
 @pytest.mark.slow
 def test_cpu_miniature_with_the_vllm_engine(tmp_path: Path) -> None:
-    """About a minute on two cores: vLLM's start-up and CPU attention."""
+    """A few minutes on two cores: vLLM's start-up and CPU attention."""
     pytest.importorskip("vllm")
-    report = _run(tmp_path)
+    report, _ = _run(tmp_path)
     vllm = report["vllm_engine"]
-    assert vllm["greedy_equals_torch_engine"] is True, vllm
-    assert all(ms > 0 for per_batch in vllm["decode"].values() for ms in per_batch.values())
+    _passed(vllm["engine_loads"])
+    assert vllm["engine_loads"]["settings"]["input_batch"] is True
+    for name, check in vllm["exact"].items():
+        assert check.get("passed") is True, (name, check)
+    bench = vllm["bench"]
+    _passed(bench["captured_logits_match_sampler_logprobs"])
+    for n in (2, 4):
+        assert bench["adapter_vs_native"][f"batch_{n}"]["adapter_tok_s"] > 0
+        assert bench["tokenrouter_vs_large_alone"][f"n_{n}"]["tokenrouter_tok_s"] > 0
+    assert failures(report) == []

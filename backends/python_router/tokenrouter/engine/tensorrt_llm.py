@@ -12,11 +12,19 @@ on request. So the adapter works in *spans*, the shape of the vLLM engine where 
 - Anything else (a prefill, an extend with another model's tokens, other sampling) ends the span
   (``abort``) and starts a new one over the whole context. KV-cache block reuse finds the blocks the
   previous span stored, so only the tail beyond the last full reused block is computed: prefix
-  reuse on resume.
+  reuse on resume. TensorRT-LLM has no per-request pause that keeps KV; this resubmission is the
+  pending/resume it allows.
 - A sequence left out of a step is pending: its span is aborted at once (its blocks go to the reuse
   cache), so a pending sequence costs no GPU time. A span also ends after ``SPAN_TOKENS`` tokens
   and restarts the same way, which bounds the tokens generated ahead of the router and thrown away
   at a handoff.
+- While a sequence is away its blocks sit in the reuse cache, where TensorRT-LLM evicts by priority,
+  then least recently used. Every span asks ``RETENTION_PRIORITY`` (above the default 35) for all of
+  its blocks, prompt and generated, for ``RETENTION_S``: other requests' cached prefixes go first.
+  The priority lapses afterwards (TensorRT-LLM cannot lower it on release), so blocks of finished
+  sequences do not pin the cache for long. An evicted block is recomputed at the resume: slower,
+  never wrong. (The PyTorch backend passes the retention config on since TensorRT-LLM PR #8634,
+  October 2025; that 1.2.x applies it is unverified.)
 - The routing signal comes from TensorRT-LLM's log-probabilities (``logprobs=LOGPROBS``):
   ``StepResult.logits`` holds each row's top-``LOGPROBS`` log-probabilities (the sampled token's
   always included) and -inf elsewhere. Argmax, top probabilities and margins are exact; an entropy
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import timedelta
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -59,6 +68,9 @@ INSTALL_HINT = (
 )
 LOGPROBS = 20  # top log-probabilities per token: the routing signal
 SPAN_TOKENS = 64  # tokens one request may generate ahead of the router before it restarts
+# KV block retention while a sequence is away (TensorRT-LLM's priorities: 0 to 100, default 35).
+RETENTION_PRIORITY = 90
+RETENTION_S = 60.0  # longer than a peer's visit takes; afterwards the blocks fall back to the default
 # The shipped policies whose router reads hidden states (needs_hidden); a test keeps this in step.
 HIDDEN_STATE_POLICIES = ("citer", "co_llm", "r2r", "query_level (mode: classifier)")
 
@@ -108,6 +120,17 @@ def llm_arguments(spec: ModelSpec, kv_cache_config: Any) -> dict[str, Any]:
         "max_batch_size": spec.max_batch_size,
         "max_num_tokens": spec.max_prefill_tokens + spec.max_batch_size,
     }
+
+
+def retention_config(retention_class: type) -> Any:
+    """``tensorrt_llm.llmapi.KvCacheRetentionConfig`` for every span: all of its blocks (the context
+    it was given, from token 0 to the end, and the tokens it generates) at ``RETENTION_PRIORITY``
+    for ``RETENTION_S``."""
+    lapse = timedelta(seconds=RETENTION_S)
+    whole_context = retention_class.TokenRangeRetentionConfig(token_start=0, token_end=None,
+                                                              priority=RETENTION_PRIORITY, duration_ms=lapse)
+    return retention_class(token_range_retention_configs=[whole_context], decode_retention_priority=RETENTION_PRIORITY,
+                           decode_duration_ms=lapse)
 
 
 def span_sampling_arguments(sampling: SamplingParams, max_tokens: int, *, generated: int = 0,
@@ -179,11 +202,14 @@ class Span:
 # --- the engine ------------------------------------------------------------------------------------
 class TensorRTLLMEngine(PooledEngine):
     def __init__(self, name: str, llm: Any, sampling_params_class: type, *, num_blocks: int, block_size: int,
-                 vocab_size: int, hidden_size: int, max_model_len: int, eos_token_ids: frozenset[int]) -> None:
+                 vocab_size: int, hidden_size: int, max_model_len: int, eos_token_ids: frozenset[int],
+                 retention: Any = None) -> None:
+        """``retention``: the KvCacheRetentionConfig every span is submitted with (``retention_config``)."""
         super().__init__(num_blocks, block_size)
         self.name = name
         self._llm = llm
         self._sampling_params_class = sampling_params_class
+        self._retention = retention
         self._vocab_size, self._hidden_size, self._max_model_len = vocab_size, hidden_size, max_model_len
         self._eos = eos_token_ids
         self._contexts: dict[SeqId, list[int]] = {}
@@ -192,7 +218,7 @@ class TensorRTLLMEngine(PooledEngine):
     @classmethod
     def from_spec(cls, name: str, spec: ModelSpec) -> "TensorRTLLMEngine":
         module = import_tensorrt_llm()
-        from tensorrt_llm.llmapi import KvCacheConfig
+        from tensorrt_llm.llmapi import KvCacheConfig, KvCacheRetentionConfig
         from transformers import AutoConfig
 
         if spec.device not in ("cuda", "cuda:0", "auto"):
@@ -205,7 +231,8 @@ class TensorRTLLMEngine(PooledEngine):
                    block_size=spec.block_size, vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
                    # a request needs room for the token it samples
                    max_model_len=hf_config.max_position_embeddings - 1,
-                   eos_token_ids=eos_token_ids_of(generation_config_of(spec.path), hf_config))
+                   eos_token_ids=eos_token_ids_of(generation_config_of(spec.path), hf_config),
+                   retention=retention_config(KvCacheRetentionConfig))
 
     # --- shape facts ----------------------------------------------------------------------------
     @property
@@ -286,7 +313,8 @@ class TensorRTLLMEngine(PooledEngine):
         max_tokens = min(SPAN_TOKENS, self._max_model_len + 1 - len(context))
         params = self._sampling_params_class(**span_sampling_arguments(
             sampling, max_tokens, generated=len(context) - sampling.prompt_len, vocab_size=self._vocab_size))
-        result = self._llm.generate_async(list(context), sampling_params=params, streaming=True)
+        result = self._llm.generate_async(list(context), sampling_params=params, streaming=True,
+                                          kv_cache_retention_config=self._retention)
         span = self._spans[seq_id] = Span(result, sampling)
         return span
 

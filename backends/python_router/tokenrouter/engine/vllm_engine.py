@@ -16,10 +16,10 @@ runs a cheap greedy argmax that is ignored.
 
 vLLM's in-process engine core is an internal API: this module is the only place that touches it
 (0.32 pinned in requirements.txt; 0.27.1, the 26.08 Triton image's, passes the same engine tests:
-tools/vllm_versions.sh). What it needs is checked by capability at start
-(``require_vllm_capabilities``). It must be the only vLLM engine in its process: vLLM
-keeps a process-global forward context and thread binding (``factory.create_engine`` runs it in
-a process of its own unless the caller owns a whole process, as a Triton stub does).
+tools/vllm_versions.sh). What it needs is checked by capability before and after start, in
+``vllm_compat``. It must be the only vLLM engine in its process: vLLM keeps a process-global
+forward context and thread binding (``factory.create_engine`` runs it in a process of its own
+unless the caller owns a whole process, as a Triton stub does).
 """
 
 from __future__ import annotations
@@ -38,33 +38,10 @@ from .dtypes import resolve_dtype
 from .loader import eos_token_ids_of, generation_config_of
 from .logit_processing import ContextCounts
 from .pooled import check_rows, sampled_result
+from .vllm_compat import UnsupportedVLLM, check_started_engine, require_vllm_capabilities, vllm_environment
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-TESTED_VLLM = "0.27.1 and 0.32.0"
-
-
-def require_vllm_capabilities() -> None:
-    """Fail at start, naming what is missing, on a vLLM without what this adapter uses: resumable
-    (streaming-input) requests, their parked state, and stepping the engine core in-process.
-    By capability, not version string: a vLLM that has them all is run."""
-    import inspect
-
-    import vllm
-    from vllm.v1.engine import EngineCoreRequest
-    from vllm.v1.engine.core import EngineCore
-    from vllm.v1.engine.input_processor import InputProcessor
-    from vllm.v1.request import RequestStatus
-
-    missing = [what for what, present in (
-        ("EngineCoreRequest.resumable", "resumable" in getattr(EngineCoreRequest, "__struct_fields__", ())),
-        ("InputProcessor.process_inputs(resumable=...)",
-         "resumable" in inspect.signature(InputProcessor.process_inputs).parameters),
-        ("RequestStatus.WAITING_FOR_STREAMING_REQ", hasattr(RequestStatus, "WAITING_FOR_STREAMING_REQ")),
-        ("EngineCore.preprocess_add_request", hasattr(EngineCore, "preprocess_add_request")),
-    ) if not present]
-    if missing:
-        raise RuntimeError(f"vLLM {vllm.__version__} lacks {', '.join(missing)}: the vllm engine needs resumable "
-                           f"requests (tested with vLLM {TESTED_VLLM})")
+MAX_SAMPLER_LOGPROBS = 20  # what record_sampler_logprobs may ask vLLM's sampler for (free until asked)
 
 
 class VLLMEngine(LengthTable, Engine):
@@ -86,6 +63,15 @@ class VLLMEngine(LengthTable, Engine):
         self._chunk_params: Any = None  # vLLM's processed SamplingParams of a one-token chunk
         self._scheduled: dict[str, int] = {}
         self.last_step_tokens: dict[SeqId, int] = {}  # tokens vLLM computed per row in the last step
+        self._sampler_logprobs = 0
+        # Per row of the last step, when recording: vLLM's sampled token and its sampler's top
+        # log-probabilities {token: logprob} (the device check compares them with the captured logits).
+        self.last_sampler_logprobs: dict[SeqId, tuple[int, dict[int, float]]] = {}
+        try:
+            check_started_engine(llm_engine.vllm_config, self._runner)
+        except UnsupportedVLLM:
+            self._core.shutdown()
+            raise
         self._wrap_compute_logits()
         self._wrap_schedule()
         # Intra-op threads are per OS thread, and vLLM's CPU attention checks that the stepping
@@ -97,18 +83,14 @@ class VLLMEngine(LengthTable, Engine):
     def from_spec(cls, name: str, spec: ModelSpec) -> "VLLMEngine":
         if spec.path is None:
             raise ValueError(f"model '{name}': the vllm engine needs a path (an HF model directory)")
-        # Before vLLM is imported: engine core in this process, no multiprocessing of its own.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        # The V1 model runner, whose input_batch maps captured logits to requests: on GPU, vLLM
-        # >= ~0.25 picks the V2 runner by default, which has none (both 0.27.1 and 0.32 read this).
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        os.environ.update(vllm_environment())  # before vLLM is imported
         if spec.threads:
             os.environ["OMP_NUM_THREADS"] = str(spec.threads)  # vLLM keeps torch at 1 thread otherwise
             torch.set_num_threads(spec.threads)
+        require_vllm_capabilities()
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        require_vllm_capabilities()
         hf_config = _hf_config(spec.path)
         on_cpu = spec.device.startswith("cpu") or (spec.device == "auto" and not torch.cuda.is_available())
         dtype = resolve_dtype(spec, on_gpu=not on_cpu)
@@ -117,31 +99,8 @@ class VLLMEngine(LengthTable, Engine):
             # is set below, this only has to be large enough to hold it.
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(
                 kv_bytes_per_token(hf_config, dtype) * (spec.kv_cache_tokens + spec.block_size) / 2**30)))
-        args = EngineArgs(
-            model=spec.path,
-            dtype=dtype,
-            # vLLM refuses a pool that cannot hold one request of max_model_len.
-            max_model_len=min(hf_config.max_position_embeddings, spec.kv_cache_tokens),
-            block_size=spec.block_size,
-            # +1: vLLM reserves one null block; the rest is exactly the spec's pool, so admission
-            # control (which computes capacities from specs) and the engine agree.
-            num_gpu_blocks_override=spec.kv_cache_tokens // spec.block_size + 1,
-            max_num_seqs=spec.max_batch_size,
-            # A step never exceeds the subserver's prefill budget plus one token per decode row:
-            # vLLM must schedule every row whole, never split a chunk across steps.
-            max_num_batched_tokens=spec.max_prefill_tokens + spec.max_batch_size,
-            enable_prefix_caching=False,  # sessions keep their own KV; no shared blocks to account
-            enforce_eager=on_cpu,
-            skip_tokenizer_init=True,  # token ids in, token ids out
-            max_logprobs=0,
-            distributed_executor_backend="uni",
-            gpu_memory_utilization=spec.gpu_memory_utilization,
-            seed=0,
-            # Off on purpose (vLLM turns it on by default on GPU): it overlaps the next schedule
-            # with this forward, and we step the core one synchronous step at a time; resumable
-            # sessions under it crashed the engine core until vLLM 0.31.
-            async_scheduling=False,
-        )
+        args = EngineArgs(**engine_arguments(spec, dtype=dtype, on_cpu=on_cpu,
+                                             max_position_embeddings=hf_config.max_position_embeddings))
         llm_engine = LLMEngine.from_engine_args(args)
         return cls(name, llm_engine, eos_token_ids=eos_token_ids_of(generation_config_of(spec.path), hf_config))
 
@@ -210,6 +169,16 @@ class VLLMEngine(LengthTable, Engine):
         """The KV block ids vLLM holds for the sequence, in context order (tests check reuse with it)."""
         return list(self._scheduler.kv_cache_manager.get_block_ids(self._request_ids[seq_id])[0])
 
+    def runner_settings(self) -> dict[str, Any]:
+        """What vLLM made of the settings vllm_compat sets (tests and the device check read it)."""
+        import vllm.envs
+
+        config = self._llm.vllm_config
+        return {"VLLM_USE_V2_MODEL_RUNNER": vllm.envs.VLLM_USE_V2_MODEL_RUNNER,
+                "async_scheduling": config.scheduler_config.async_scheduling,
+                "input_batch": hasattr(self._runner, "input_batch"),
+                "cudagraph_mode": str(getattr(config.compilation_config, "cudagraph_mode", None))}
+
     # --- the step -------------------------------------------------------------------------------
     def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
         tokens = check_rows(rows, top_logits=top_logits, vocab_size=self.vocab_size,
@@ -220,8 +189,10 @@ class VLLMEngine(LengthTable, Engine):
             self._add_chunk(self._request_ids[row.seq_id], list(new), first=self._lengths[row.seq_id] == 0)
         self._capture = {"hidden": return_hidden}
         try:
-            self._core.step()
+            outputs, _ = self._core.step()
             self._check_scheduled(rows, tokens)
+            if self._sampler_logprobs:
+                self._record_sampler_logprobs(rows, outputs)
             logits, hidden = self._captured_rows(rows)
         except BaseException:
             # The chunks may be half-computed inside vLLM: those sequences cannot be trusted.
@@ -235,6 +206,25 @@ class VLLMEngine(LengthTable, Engine):
             self._lengths[row.seq_id] += len(new)
             positions.append(self._lengths[row.seq_id])
         return sampled_result(rows, logits, positions, top_logits, hidden, counts=self._context_counts)
+
+    def record_sampler_logprobs(self, k: int) -> None:
+        """From the next chunk on, ask vLLM's own sampler for each row's top-``k`` log-probabilities
+        (``last_sampler_logprobs``; 0 stops). A diagnostic: the device check holds the captured
+        logits to them, which proves the capture saw every row of every step (CUDA graphs included)."""
+        if not 0 <= k <= MAX_SAMPLER_LOGPROBS:
+            raise ValueError(f"k must be in [0, {MAX_SAMPLER_LOGPROBS}], got {k}")
+        self._sampler_logprobs = k
+        self._chunk_params = None  # the next chunk is processed again, with the new logprobs
+        self.last_sampler_logprobs = {}
+
+    def _record_sampler_logprobs(self, rows: Sequence[StepRow], outputs: dict[int, Any]) -> None:
+        by_request = {output.request_id: output for batch in outputs.values() for output in batch.outputs}
+        self.last_sampler_logprobs = {}
+        for row in rows:
+            output = by_request[self._request_ids[row.seq_id]]
+            lists = output.new_logprobs  # [sampled token, top-k...] for the one position sampled
+            tokens, values = lists.logprob_token_ids[0].tolist(), lists.logprobs[0].tolist()
+            self.last_sampler_logprobs[row.seq_id] = (output.new_token_ids[0], dict(zip(tokens, values)))
 
     def _match_threads(self) -> None:
         if not getattr(self._thread_state, "done", False):
@@ -256,7 +246,8 @@ class VLLMEngine(LengthTable, Engine):
         if first or self._chunk_params is None:
             from vllm import SamplingParams, TokensPrompt
 
-            params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
+            params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True,
+                                    logprobs=self._sampler_logprobs or None)
             request = self._llm.input_processor.process_inputs(
                 request_id, TokensPrompt(prompt_token_ids=tokens), params, supported_tasks=("generate",),
                 resumable=True)
@@ -350,6 +341,39 @@ class VLLMEngine(LengthTable, Engine):
         for seq_id in list(self._lengths):
             self.release(seq_id)
         self._core.shutdown()
+
+
+def engine_arguments(spec: ModelSpec, *, dtype: str, on_cpu: bool, max_position_embeddings: int) -> dict[str, Any]:
+    """vLLM ``EngineArgs`` keywords for a spec (every name is checked against vLLM in vllm_compat)."""
+    return dict(
+        model=spec.path,
+        dtype=dtype,
+        # vLLM refuses a pool that cannot hold one request of max_model_len (whole blocks only).
+        max_model_len=min(max_position_embeddings, spec.kv_cache_tokens // spec.block_size * spec.block_size),
+        block_size=spec.block_size,
+        # +1: vLLM reserves one null block; the rest is exactly the spec's pool, so admission
+        # control (which computes capacities from specs) and the engine agree.
+        num_gpu_blocks_override=spec.kv_cache_tokens // spec.block_size + 1,
+        max_num_seqs=spec.max_batch_size,
+        # A step never exceeds the subserver's prefill budget plus one token per decode row:
+        # vLLM must schedule every row whole, never split a chunk across steps.
+        max_num_batched_tokens=spec.max_prefill_tokens + spec.max_batch_size,
+        enable_prefix_caching=False,  # sessions keep their own KV; no shared blocks to account
+        # CUDA graphs stay on on GPU (most of vLLM's speed there): they capture the forward up to
+        # the hidden states; compute_logits, which we wrap, runs after the graph, every step.
+        enforce_eager=on_cpu,
+        skip_tokenizer_init=True,  # token ids in, token ids out
+        # vLLM's sampler computes log-probabilities only for requests that ask; ours ask only
+        # when a diagnostic records them (record_sampler_logprobs).
+        max_logprobs=MAX_SAMPLER_LOGPROBS,
+        distributed_executor_backend="uni",
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        seed=0,
+        # Off on purpose (vLLM turns it on by default on GPU; its CPU backend forces it off): it
+        # overlaps the next schedule with this forward, and we step the core one synchronous step
+        # at a time; resumable sessions under it crashed the engine core until vLLM 0.31.
+        async_scheduling=False,
+    )
 
 
 def _hf_config(path: str) -> Any:
