@@ -127,8 +127,14 @@ def test_dockerfile_keeps_the_image_and_installs_through_the_constraints(dockerf
 
 class _Health(http.server.BaseHTTPRequestHandler):
     status = 200
+    metrics = "nv_inference_count 1\n"
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        if self.path == "/metrics":
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(self.metrics.encode())
+            return
         self.send_response(self.status if self.path == "/v2/health/ready" else 404)
         self.end_headers()
 
@@ -136,16 +142,25 @@ class _Health(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("status, exit_code", [(200, 0), (503, 1), (None, 1)])
-def test_healthcheck_exits_zero_only_when_triton_is_ready(status: int | None, exit_code: int) -> None:
-    server = http.server.HTTPServer(("127.0.0.1", 0), type("H", (_Health,), {"status": status or 200}))
+PEERS_UP = 'tokenrouter_peer_connected{model="slm",peer="llm"} 1\n'
+PEER_DOWN = 'tokenrouter_peer_connected{model="slm",peer="llm"} 1\ntokenrouter_peer_connected{model="slm",peer="mid"} 0\n'
+
+
+@pytest.mark.parametrize("status, metrics, exit_code", [(200, "", 0), (503, "", 1), (None, "", 1), (200, PEERS_UP, 0),
+                                                        (200, PEER_DOWN, 1)])
+def test_healthcheck_exits_zero_only_when_triton_is_ready_and_every_peer_connected(
+        status: int | None, metrics: str, exit_code: int) -> None:
+    """A node of a deployment over several servers is healthy only while it reaches every peer."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), type("H", (_Health,), {"status": status or 200,
+                                                                              "metrics": metrics}))
     url = f"http://127.0.0.1:{server.server_port}/v2/health/ready"
     if status is None:
         server.server_close()  # nothing listens: a server still starting
     else:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        run = subprocess.run([sys.executable, str(DOCKER / "healthcheck.py"), url], timeout=30)
+        run = subprocess.run([sys.executable, str(DOCKER / "healthcheck.py"), url,
+                              url.replace("/v2/health/ready", "/metrics")], timeout=30)
     finally:
         if status is not None:
             server.shutdown()

@@ -431,7 +431,10 @@ def test_a_peer_that_loses_the_entry_releases_everything_and_one_that_loses_anot
     assert [(s.peer, s.message.rid, s.message.state) for s in reported] == [
         ("a", "r1", {"error": "model 'c' is unreachable"})]
     assert set(b.requests) == {"r0"}
+    b.on_message(PeerMessage(kind="active", rid="", sender="a", active=2), 0.1)
+    assert b.active == 2
     assert b.peer_lost("a", "the entry is unreachable", 0.2) == [Release("r0")] and b.requests == {}
+    assert b.active == 0  # N as the lost entry last told it would hold this model's thresholds forever
 
 
 def test_cancel_between_schedule_and_step_result_skips_the_row():

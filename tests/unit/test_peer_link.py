@@ -185,7 +185,7 @@ def test_a_peer_with_another_deployment_is_refused_naming_the_value(events):
     wire = Wire(view={**VIEW, "scheduling.max_active": 16})
     link = link_to(wire, events)
     wait_for(lambda: "refused" in (link.problem or ""))
-    assert "scheduling.max_active: 16 here, 8 there" in link.problem and events.up == []
+    assert "scheduling.max_active: 16 at 'b' at peer:1, 8 at 'a'" in link.problem and events.up == []
     with pytest.raises(PeerUnreachable, match="scheduling.max_active"):
         link.send([PeerMessage(kind="handoff", rid="h", sender="a")])
     link.close()

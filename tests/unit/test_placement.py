@@ -115,3 +115,24 @@ def test_another_tokenizer_is_a_difference_even_under_the_same_folder_name(tiny_
                                             "models.llm.path": str(other)}))
     assert [line.split(":")[0] for line in differences(describe(here, ["slm"]), describe(there, ["llm"]))] == [
         "tokenizer"]
+
+
+def test_build_repository_renders_a_node_only_when_the_other_node_agrees(tiny_pair, tmp_path, capsys):
+    """`build-repository --only llm --agree-with` refuses (exit 2, naming the value) when the other
+    node's config or repository describes another deployment, and renders when it is the same."""
+    import yaml
+
+    from tokenrouter.launch.cli import main
+
+    mine, same, other = tmp_path / "mine.yaml", tmp_path / "same.yaml", tmp_path / "other.yaml"
+    mine.write_text(yaml.safe_dump(split(tiny_pair)))
+    same.write_text(yaml.safe_dump(split(tiny_pair, **{"models.slm.cpus": [0]})))
+    other.write_text(yaml.safe_dump(split(tiny_pair, **{"policy.params": {"rate": 0.9, "seed": 1}})))
+    assert main(["build-repository", str(same), str(tmp_path / "slm"), "--only", "slm"]) == 0
+    assert main(["build-repository", str(mine), str(tmp_path / "bad"), "--only", "llm", "--agree-with", str(other)]) == 2
+    assert 'policy.params: {"rate": 0.3, "seed": 1} in this config, {"rate": 0.9, "seed": 1} in ' in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    for agreeing in (same, tmp_path / "slm"):
+        assert main(["build-repository", str(mine), str(tmp_path / "llm"), "--only", "llm",
+                     "--agree-with", str(agreeing)]) == 0
+    assert served_models(tmp_path / "llm") == ["llm"]

@@ -81,16 +81,18 @@ def describe(config: TokenRouterConfig, here: Sequence[str]) -> dict[str, Any]:
     return json.loads(json.dumps(view, sort_keys=True))  # as it arrives from a peer: tuples are lists
 
 
-def differences(here: dict[str, Any], there: dict[str, Any]) -> list[str]:
-    """Every value in which two views differ, as ``name: X here, Y there``. A digest one side could
+def differences(here: dict[str, Any], there: dict[str, Any], *, mine: str = "here",
+                theirs: str = "there") -> list[str]:
+    """Every value in which two views differ, as ``name: X <mine>, Y <theirs>`` (``mine`` and
+    ``theirs`` say whose view each is, e.g. "at 'llm' (gpu-node-2:8001)"). A digest one side could
     not take (a file it does not have) is not compared."""
     found = []
     for key in sorted(set(here) | set(there)):
-        mine, theirs = here.get(key), there.get(key)
-        if key in ("tokenizer", "policy.weights") and (mine is None or theirs is None):
+        value, other = here.get(key), there.get(key)
+        if key in ("tokenizer", "policy.weights") and (value is None or other is None):
             continue
-        if mine != theirs:
-            found.append(f"{key}: {json.dumps(mine)} here, {json.dumps(theirs)} there")
+        if value != other:
+            found.append(f"{key}: {json.dumps(value)} {mine}, {json.dumps(other)} {theirs}")
     return found
 
 

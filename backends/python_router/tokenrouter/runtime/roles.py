@@ -235,6 +235,7 @@ class PeerRole:
         if peer == core.entry:
             for rid in list(core.requests):
                 core.release(rid, fx)
+            core.active = 0  # the entry counts N, and tells it again when it is back
             return
         for request in core.away_at(peer):
             self.end(request, "error", error, False, fx)

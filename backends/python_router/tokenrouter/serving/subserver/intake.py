@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 from typing import Any, Callable
 
 import numpy as np
@@ -51,6 +52,9 @@ class SubserverIntake:
         self._on_refused_peer_call = on_refused_peer_call
         self._remote, self._not_whole = remote, not_whole
         self._ids = itertools.count()
+        # Request ids are unique across server starts: a peer on another server outlives a restart of
+        # this one and ignores ids it has seen end (tombstones), which a restarted count would reuse.
+        self._start = secrets.token_hex(4)
 
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -141,7 +145,7 @@ class SubserverIntake:
             spec.end_ids = sorted(self._subserver.engine.eos_token_ids)
         _refuse_a_fully_banned_vocabulary(spec.bad_sequences, self._subserver.engine.vocab_size)
         stream = self._scalar(request, "stream", False)
-        rid = f"{self._subserver.name}-{next(self._ids)}"
+        rid = f"{self._subserver.name}-{self._start}-{next(self._ids)}"
         sink = TritonSink(self._writer, rid, sender, bool(stream), self._names, self._subserver.index,
                           request.requested_output_names() or None)
         self._writer.track(rid, sender, key)  # before submit: the loop may answer before submit returns

@@ -76,10 +76,10 @@ class PeerSessions:
             view = json.loads(raw_view)
         except (TypeError, ValueError):
             raise LinkRefused(f"a hello from '{sender}' without its view of the deployment") from None
-        found = differences(self._view, view) if isinstance(view, dict) else ["the view is not a JSON object"]
+        found = (differences(self._view, view, mine=f"at {self._here}", theirs=f"at '{sender}'")
+                 if isinstance(view, dict) else ["the view is not a JSON object"])
         if found:
-            raise LinkRefused(f"'{sender}' runs another deployment than {self._here}: " + "; ".join(found)
-                              + " (here: this node's config; there: the sender's)")
+            raise LinkRefused(f"'{sender}' runs another deployment than {self._here}: " + "; ".join(found))
         old = self._sessions.get(sender)
         if old is None or old.epoch != epoch:
             self._sessions[sender] = _Session(epoch)
