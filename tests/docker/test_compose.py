@@ -69,7 +69,8 @@ def test_cpu_server_has_no_gpu_and_builds_on_the_plain_image_with_cpu_torch(comp
 @pytest.mark.parametrize("service", SERVERS)
 def test_servers_publish_ports_with_nvidias_limits_and_a_readiness_healthcheck(compose: dict, service: str) -> None:
     server = compose["services"][service]
-    assert sorted(server["ports"]) == ["8000:8000", "8001:8001", "8002:8002"]
+    assert sorted(server["ports"]) == ["8000:8000", "8001:8001", "8002:8002", "9000:9000"]
+    assert server["environment"] == ["TOKENROUTER_API_KEY"]  # the OpenAI API's key, passed on when set
     assert server["ulimits"] == {"memlock": -1, "stack": 67108864}
     assert server["shm_size"]
     health = server["healthcheck"]
@@ -126,43 +127,42 @@ def test_dockerfile_keeps_the_image_and_installs_through_the_constraints(dockerf
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
-    status = 200
-    metrics = "nv_inference_count 1\n"
+    statuses = {"/v2/health/ready": 200, "/health": 200}  # Triton's readiness, the OpenAI server's health
+    metrics = ""  # the metrics page (always 200)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        if self.path == "/metrics":
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(self.metrics.encode())
-            return
-        self.send_response(self.status if self.path == "/v2/health/ready" else 404)
+        status = 200 if self.path == "/metrics" else self.statuses.get(self.path, 404)
+        self.send_response(status or 404)
         self.end_headers()
+        if self.path == "/metrics":
+            self.wfile.write(self.metrics.encode())
 
     def log_message(self, *args) -> None:
         pass
 
 
 PEERS_UP = 'tokenrouter_peer_connected{model="slm",peer="llm"} 1\n'
-PEER_DOWN = 'tokenrouter_peer_connected{model="slm",peer="llm"} 1\ntokenrouter_peer_connected{model="slm",peer="mid"} 0\n'
+PEER_DOWN = PEERS_UP + 'tokenrouter_peer_connected{model="slm",peer="mid"} 0\n'
 
 
-@pytest.mark.parametrize("status, metrics, exit_code", [(200, "", 0), (503, "", 1), (None, "", 1), (200, PEERS_UP, 0),
-                                                        (200, PEER_DOWN, 1)])
-def test_healthcheck_exits_zero_only_when_triton_is_ready_and_every_peer_connected(
-        status: int | None, metrics: str, exit_code: int) -> None:
+@pytest.mark.parametrize("triton, openai, metrics, exit_code", [
+    (200, 200, "", 0), (503, 200, "", 1), (200, 503, "", 1), (None, None, "", 1), (200, 200, PEERS_UP, 0),
+    (200, 200, PEER_DOWN, 1)])
+def test_healthcheck_exits_zero_only_when_triton_and_the_openai_server_are_ready_and_every_peer_connected(
+        triton: int | None, openai: int | None, metrics: str, exit_code: int) -> None:
     """A node of a deployment over several servers is healthy only while it reaches every peer."""
-    server = http.server.HTTPServer(("127.0.0.1", 0), type("H", (_Health,), {"status": status or 200,
-                                                                              "metrics": metrics}))
-    url = f"http://127.0.0.1:{server.server_port}/v2/health/ready"
-    if status is None:
+    handler = type("H", (_Health,), {"statuses": {"/v2/health/ready": triton, "/health": openai}, "metrics": metrics})
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    base = f"http://127.0.0.1:{server.server_port}"
+    if triton is None:
         server.server_close()  # nothing listens: a server still starting
     else:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        run = subprocess.run([sys.executable, str(DOCKER / "healthcheck.py"), url,
-                              url.replace("/v2/health/ready", "/metrics")], timeout=30)
+        run = subprocess.run([sys.executable, str(DOCKER / "healthcheck.py"), f"{base}/v2/health/ready",
+                              f"{base}/health", f"{base}/metrics"], timeout=30)
     finally:
-        if status is not None:
+        if triton is not None:
             server.shutdown()
             server.server_close()
     assert run.returncode == exit_code

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -9,6 +10,7 @@ import pytest
 
 from tokenrouter.config import FrontendSpec
 from tokenrouter.serving.repository import model_parameters, render_frontend, subserver_config, write_front, write_model
+from tokenrouter.launch.openai_process import OpenAIServer, free_port
 from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
 
 ECHO_DOUBLE = Path(__file__).with_name("echo_subserver_double.py")
@@ -71,3 +73,17 @@ def render_echo_repository(out: Path, tokenizer: Path, *, chat_template: bool = 
 @pytest.fixture(scope="module")
 def echo_server(start_server: StartServer, tiny_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
     return start_server(render_echo_repository(tmp_path_factory.mktemp("echo-repo"), tiny_tokenizer))
+
+
+@contextlib.contextmanager
+def openai_server(triton: TritonServer, log_dir: Path, api_key: str | None = None) -> Iterator[OpenAIServer]:
+    """The OpenAI-compatible server on ``triton``'s fronts, on a free loopback port, as `tokenrouter
+    serve` starts it (its own process); its log goes to a file."""
+    log = (log_dir / "openai-server.log").open("w")
+    server = OpenAIServer(triton.repository, triton.grpc_url, port=free_port(), api_key=api_key, drain_timeout_s=5,
+                          log_sink=lambda line: (log.write(line + "\n"), log.flush()))
+    try:
+        yield server.start().wait_ready(240)
+    finally:
+        server.stop(grace_s=5)
+        log.close()

@@ -48,16 +48,23 @@ def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(st
     assert peer["slm"]["count"] > 0 and peer["slm"]["mean_s"] > 0
 
 
-def test_served_suite_alternates_both_paths_and_reports_their_ratio(tiny_pair):
+def test_served_suite_alternates_the_paths_and_reports_their_ratios(tiny_pair):
+    """embedded, served (gRPC) and openai (the OpenAI server beside Triton), alternated on one server."""
     config = load_config(TINY_CONFIG)  # the shipped config, on the pair tiny_pair just built
     result = run_served(config, [1, 2], Workload("short-long", (8, 16), 12, max_context=512), Timing(0.3, 1.0),
-                        reps=2)
-    assert [p["clients"] for p in result["points"]] == [1, 2]  # both on the one server
+                        reps=2, systems=("embedded", "served", "openai"))
+    assert [p["clients"] for p in result["points"]] == [1, 2]  # all on the one server
     for point in result["points"]:
         runs = point["runs"]
         assert [r["rep"] for r in runs["embedded"]] == [r["rep"] for r in runs["served"]] == [0, 1]
-        assert point["ratio"]["per_rep"] == pytest.approx([s["throughput"] / e["throughput"]
-                                                           for s, e in zip(runs["served"], runs["embedded"])])
+        comparisons = point["comparisons"]
+        assert comparisons["served / embedded"]["throughput"]["per_rep"] == pytest.approx(
+            [s["throughput"] / e["throughput"] for s, e in zip(runs["served"], runs["embedded"])])
+        assert comparisons["openai / served"]["throughput"]["per_rep"] == pytest.approx(
+            [o["throughput"] / s["throughput"] for o, s in zip(runs["openai"], runs["served"])])
+        for run in runs["openai"]:  # its tokens counted per event, its server's CPU beside Triton's
+            assert run["output_tokens"] > 0 and 0 < run["large_share"] < 1
+            assert run["cpu_ms_per_token"]["server by process"]["server: openai server"] > 0
         for run in runs["served"]:
             cpu = run["cpu_ms_per_token"]
             assert cpu["server"] > 0 and run["output_tokens"] > 0
@@ -66,4 +73,4 @@ def test_served_suite_alternates_both_paths_and_reports_their_ratio(tiny_pair):
             assert cpu["server"] == pytest.approx(sum(cpu["server by process"].values()))
             assert cpu["server by process"]["server: slm"] > 0
         assert all(run["busy"] for run in runs["embedded"]) and not any(run["busy"] for run in runs["served"])
-    assert "served / embedded" in markdown(result)
+    assert "served / embedded" in markdown(result) and "openai / served" in markdown(result)

@@ -9,10 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import openai
 import pytest
 
 from tokenrouter.client import http_generate
+from tokenrouter.launch.openai_process import free_port
 from tokenrouter.launch.triton_server import Ports
+from tokenrouter.openai_server.app import API_KEY_ENV
 
 from .conftest import render_echo_repository
 
@@ -35,6 +38,12 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def triton_pid(launcher_pid: int) -> int:
+    """The tritonserver the launcher runs now (its other child is the OpenAI server)."""
+    return next(pid for pid in _children(launcher_pid)
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -44,16 +53,21 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _launch(*args: str, python: str = sys.executable, cwd: Path | None = None) -> tuple[subprocess.Popen, Ports]:
-    """`tokenrouter serve ARGS` on free ports, returned once it says it is ready."""
-    ports = Ports.free()
+def _launch(*args: str, python: str = sys.executable, cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Ports]:
+    """`tokenrouter serve ARGS` on free ports, returned once it says it is ready (the OpenAI server's
+    port: ``launcher.openai_port``)."""
+    ports, openai_port = Ports.free(), free_port()
     launcher = subprocess.Popen(
         # --ready-timeout: the tiny pair starts in under a minute here; a start seen hanging once
         # (docs/reliability.md, known limits) then fails in 5 minutes with the log, not at pytest's timeout
         [python, "-m", "tokenrouter.launch.cli", "serve", *args, f"--http-port={ports.http}",
-         f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}", "--triton-arg=--exit-timeout-secs=5",
+         f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}", f"--openai-port={openai_port}",
+         "--triton-arg=--exit-timeout-secs=5",
          *(["--ready-timeout=300"] if not any(a.startswith("--ready-timeout") for a in args) else [])],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+        env=None if env is None else {**os.environ, **env})
+    launcher.openai_port = openai_port
     lines: list[str] = []
     for line in launcher.stdout:  # forwarded server log, then the ready line
         lines.append(line)
@@ -109,15 +123,35 @@ def test_a_killed_launcher_takes_the_server_with_it(tiny_tokenizer: Path, tmp_pa
 
 
 def test_serve_tiny_routes_between_both_models(tmp_path: Path) -> None:
-    """--tiny renders configs/tiny.yaml with the tiny pair (here into tmp_path) and serves it."""
-    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"))
+    """--tiny renders configs/tiny.yaml with the tiny pair (here into tmp_path) and serves it, over
+    Triton and over the OpenAI API beside it (with the key of TOKENROUTER_API_KEY); a killed OpenAI
+    server is restarted alone, Triton untouched."""
+    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"), env={API_KEY_ENV: "k-1"})
     try:
         server_pids = _descendants(launcher.pid)
         reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": "def add(a, b):", "max_tokens": 24})
         assert reply["finish_reason"] == "length" and len(reply["output_ids"]) == 24
         assert set(reply["output_models"]) == {"slm", "llm"}  # random policy, rate 0.3: both write
         assert 0.0 < reply["large_model_share"] < 1.0
-        _stop_and_check(launcher, signal.SIGTERM, server_pids)
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{launcher.openai_port}/v1", api_key="k-1", max_retries=0)
+        chat = api.chat.completions.create(model="tokenrouter", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=24, temperature=0)
+        assert chat.usage.completion_tokens == 24 and 0.0 < chat.choices[0].large_model_share < 1.0
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=api.base_url, api_key="wrong", max_retries=0).models.list()
+        (api_pid,) = [pid for pid in server_pids
+                      if b"tokenrouter.openai_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        triton = triton_pid(launcher.pid)
+        os.kill(api_pid, signal.SIGKILL)
+        lines = []
+        for line in launcher.stdout:  # the supervisor's account of it
+            lines.append(line)
+            if "the OpenAI server is ready again" in line:
+                break
+        assert any("the OpenAI server exited with code -9; restarting it" in line for line in lines), lines[-20:]
+        assert api.completions.create(model="tokenrouter", prompt="x", max_tokens=3).usage.completion_tokens == 3
+        assert _alive(triton) and triton_pid(launcher.pid) == triton and not _alive(api_pid)
+        _stop_and_check(launcher, signal.SIGTERM, _descendants(launcher.pid) + server_pids)
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -42,3 +42,26 @@ def test_a_killed_parent_takes_its_engine_process_with_it(tiny_pair):
     while _state(child) not in (None, "Z") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _state(child) in (None, "Z"), f"engine process {child} still runs after its parent was killed"
+
+
+def test_an_engine_started_from_a_thread_that_ends_keeps_running(tiny_pair):
+    """The engine lives as long as the process that started it, not the thread (test fixtures and the
+    embedded API start engines from thread pools; Linux's parent-death signal follows the thread)."""
+    import threading
+
+    from tokenrouter.config import ModelSpec
+    from tokenrouter.engine.base import StepRow
+    from tokenrouter.engine.process_engine import EngineProcess
+
+    made = []
+    thread = threading.Thread(target=lambda: made.append(EngineProcess(
+        "small", ModelSpec(path=str(tiny_pair["small"]), engine="torch", kv_cache_tokens=512, max_batch_size=2))))
+    thread.start()
+    thread.join()
+    engine = made[0]
+    try:
+        time.sleep(1.5)  # past the child's look at its parent
+        engine.add_sequence(0)
+        assert len(engine.step([StepRow(0, [1, 2, 3])]).seq_ids) == 1
+    finally:
+        engine.close()

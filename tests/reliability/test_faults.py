@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from tokenrouter.client import grpc_stream, http_generate, inputs
 from e2e.test_routing_server import PROMPTS
-from e2e.test_serve import _children, _launch
+from e2e.test_serve import _launch, triton_pid
 from tokenrouter.launch.triton_server import stub_pids
 
 RECOVERY_S = 240.0  # a fresh start of the tiny pair takes 20-60 s on this shared 2-core machine; the target is 30 s
@@ -22,8 +22,7 @@ RECOVERY_S = 240.0  # a fresh start of the tiny pair takes 20-60 s on this share
 
 def _stubs(launcher_pid: int) -> dict[str, int]:
     """model -> stub pid of the tritonserver that the launcher runs now."""
-    server = next(int(pid) for pid in _children(launcher_pid))
-    return stub_pids(server)
+    return stub_pids(triton_pid(launcher_pid))
 
 
 @pytest.fixture(scope="module")

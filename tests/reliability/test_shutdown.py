@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import openai
 import pytest
 from tritonclient.utils import InferenceServerException
 
@@ -32,32 +33,50 @@ def _listening_addresses(port: int) -> set[str]:
     return found
 
 
+def _openai_stream(port: int, seed: int) -> tuple[str, int]:
+    """A streamed completion through the OpenAI server: (finish reason, completion tokens)."""
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=120)
+    chunks = list(client.completions.create(model="tokenrouter", prompt=PROMPTS[seed % len(PROMPTS)], seed=seed,
+                                            max_tokens=MAX_TOKENS, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"min_tokens": MAX_TOKENS}))
+    return next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason), \
+        chunks[-1].usage.completion_tokens
+
+
 def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Sixteen gRPC streams and two through the OpenAI server: all finish after SIGTERM, new requests
+    are refused by both servers, nothing is left."""
     launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=60")
     url = f"127.0.0.1:{ports.grpc}"
     try:
         server_pids = _descendants(launcher.pid)
-        assert _listening_addresses(ports.http) == {"0100007F"}  # 127.0.0.1 only, not 0.0.0.0
+        for port in (ports.http, launcher.openai_port):
+            assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1 only, not 0.0.0.0
         regions = shm_regions_of(server_pids)  # only this server's: others may run on the machine
         assert regions, "the server's stubs should have shared-memory regions"
-        with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
+        with concurrent.futures.ThreadPoolExecutor(STREAMS + 2) as pool:
             streams = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
                                                                   max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, random_seed=i),
                                    timeout_s=120)
                        for i in range(STREAMS)]
+            openai_streams = [pool.submit(_openai_stream, launcher.openai_port, seed) for seed in range(2)]
             time.sleep(1.0)  # all in flight
-            assert not any(s.done() for s in streams), "streams finished before SIGTERM; make them longer"
+            assert not any(s.done() for s in streams + openai_streams), "streams finished before SIGTERM"
             launcher.send_signal(signal.SIGTERM)
             time.sleep(0.5)
             # admission is closed while draining: the front is unloaded, the server answers (a dead
             # one would fail the connection instead)
             with pytest.raises(InferenceServerException, match="'tokenrouter' has no available versions"):
                 grpc_stream(url, inputs(text_input="x", max_tokens=2), timeout_s=30)
+            with pytest.raises(openai.APIConnectionError):  # the OpenAI server takes no new connection
+                _openai_stream(launcher.openai_port, 9)
             for stream in streams:
                 responses = stream.result(timeout=120)  # finished normally: not cut by the shutdown
                 reason = responses[-1]["finish_reason"].reshape(-1)[0]
                 produced = sum(r["output_ids"].size for r in responses)
                 assert (reason, produced) == (b"length", MAX_TOKENS)  # min_tokens: no early eos
+            for stream in openai_streams:
+                assert stream.result(timeout=120) == ("length", MAX_TOKENS)
         assert "tokenrouter serve: drained" in wait_stopped(launcher, server_pids, 120)
         assert not regions & set(SHM_DIR.glob(SHM_PATTERN)), "shared-memory regions left behind"
     finally:

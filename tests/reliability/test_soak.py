@@ -12,7 +12,7 @@ import pytest
 
 from tokenrouter.client import grpc_stream, inputs
 from e2e.test_routing_server import PROMPTS
-from e2e.test_serve import _children, _launch
+from e2e.test_serve import _launch, triton_pid
 from reliability.test_bounded_work import _rss_mb
 from tokenrouter.launch.triton_server import stub_pids
 
@@ -29,7 +29,7 @@ def test_sixteen_users_for_ten_minutes_no_failure_and_flat_memory(tmp_path) -> N
     log: list[str] = []
     threading.Thread(target=lambda: log.extend(launcher.stdout), daemon=True).start()
     url = f"127.0.0.1:{ports.grpc}"
-    server = _children(launcher.pid)[0]
+    server = triton_pid(launcher.pid)
     processes = {"tritonserver": server, **stub_pids(server)}
     completed, failures, stop = [0], [], threading.Event()
 

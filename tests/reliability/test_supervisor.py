@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from e2e.conftest import render_echo_repository
-from e2e.test_serve import _children, _launch
+from e2e.test_serve import _launch, triton_pid
 from tokenrouter.client import http_generate, http_post
 from tokenrouter.launch.supervisor import FREE_RESTARTS
 from tokenrouter.launch.triton_server import ADMIN_HEADER, process_alive, shm_regions_of, stub_pids
@@ -46,7 +46,7 @@ class Launcher:
 
     def server_pid(self) -> int:
         """The tritonserver that runs now."""
-        return next(int(pid) for pid in _children(self.process.pid))
+        return triton_pid(self.process.pid)
 
     def stubs(self) -> dict[str, int]:
         """model -> stub pid of the tritonserver that runs now."""

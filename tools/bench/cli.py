@@ -4,6 +4,7 @@
     tokenrouter bench compare --engine sim|tiny|real [--clients 8]     systems side by side, ratios vs targets
     tokenrouter bench sweep --engine sim [--concurrency 1 2 4 8 16]     workloads x concurrency x systems
     tokenrouter bench served [--config configs/tiny.yaml] [--clients 8 ...]  Triton gRPC vs embedded (issues 4, 14)
+    tokenrouter bench served --systems served openai                   the OpenAI server vs gRPC (issue 26)
     tokenrouter bench against REF [--rounds 3] [--served "OPTIONS"]   this tree vs commit REF, served suite
 """
 
@@ -52,10 +53,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     _common(p, reps=1)
 
-    p = suites.add_parser("served", help="served (Triton gRPC) vs embedded throughput on one config (issues 4, 14)")
+    p = suites.add_parser("served", help="served (Triton gRPC) vs embedded vs the OpenAI server on one config (issues 4, 14, 26)")
     p.add_argument("--config", type=Path, help="YAML config (default: configs/tiny.yaml on the tiny pair; "
                                               "configs/sim-a100.yaml: the simulated A100 pair)")
     p.add_argument("--clients", type=int, nargs="+", default=[8], help="concurrencies, all on one server")
+    p.add_argument("--systems", nargs="+", choices=served.SYSTEMS, default=list(served.DEFAULT_SYSTEMS),
+                   metavar="SYSTEM", help="of embedded (the Python API), served (Triton gRPC), openai (the OpenAI "
+                                          "server beside Triton); default: embedded served")
     _common(p, reps=3, engine=False)
 
     p = suites.add_parser("against", help="this tree vs a baseline commit: the served suite, runs alternated")
@@ -126,7 +130,7 @@ def _served(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callabl
     setup = tiny_setup()  # builds the tiny pair if needed; its text workload sizes fit tiny.yaml
     config = load_config(args.config or TINY_CONFIG)
     result = served.run_served(config, args.clients, setup.with_workload("short-long", args.max_tokens),
-                               _timing(args, "tiny"), reps=args.reps, seed=args.seed)
+                               _timing(args, "tiny"), reps=args.reps, seed=args.seed, systems=args.systems)
     return result, served.markdown, plot_served, "tiny" if args.config is None else Path(args.config).stem
 
 

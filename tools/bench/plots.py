@@ -90,14 +90,16 @@ def plot_served(result: dict[str, Any], path: Path) -> Path:
     points = result["points"]
     xs = [p["clients"] for p in points]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    for system, style in (("embedded", "o-"), ("served", "s-")):
+    for system, style in (("embedded", "o-"), ("served", "s-"), ("openai", "^-")):
+        if system not in result.get("systems", ("embedded", "served")):
+            continue
         medians = [p["medians"][system] for p in points]
         values = [m["throughput"] for m in medians]
         axes[0].errorbar(xs, values, fmt=style, capsize=3, label=system,
                          yerr=[[v - min(m["throughput_all"]) for v, m in zip(values, medians)],
                                [max(m["throughput_all"]) - v for v, m in zip(values, medians)]])
         axes[1].plot(xs, [1e3 * _nan(m["ttft_median_s"]) for m in medians], style, label=system)
-        where = "server" if system == "served" else "this process"
+        where = "this process" if system == "embedded" else "server"
         axes[2].plot(xs, [_nan(m["cpu_ms_per_token"][where]) for m in medians], style,
                      label=f"{system} ({where})")
     axes[2].axhline(0.5, color="grey", linestyle=":", label="issue 14 target (server)")
@@ -108,5 +110,6 @@ def plot_served(result: dict[str, Any], path: Path) -> Path:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"served (Triton gRPC) vs embedded, median of {result['reps']}", fontsize=10)
+    fig.suptitle(f"{' vs '.join(result.get('systems', ('embedded', 'served')))}, median of {result['reps']}",
+                 fontsize=10)
     return _save(fig, path)

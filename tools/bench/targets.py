@@ -8,8 +8,9 @@ a run does not wait for stragglers.
 from __future__ import annotations
 
 import math
+import threading
 import time
-from typing import Protocol
+from typing import Callable, Generic, Protocol, TypeVar
 
 from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.runtime.request import RequestError
@@ -17,6 +18,7 @@ from tokenrouter.runtime.request import RequestError
 from .records import Prompt, RequestRecord
 
 Spans = dict[str, list[tuple[float, float]]]
+Closable = TypeVar("Closable")
 STEP_LOG = 100_000  # step records kept per subserver of an embedded target (for step_spans)
 
 
@@ -35,6 +37,29 @@ class Target(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class PerThread(Generic[Closable]):
+    """One of something per client thread (a gRPC stream, an HTTP connection), kept open for the
+    thread's requests one after another, as a streaming client keeps it; all closed at the end."""
+
+    def __init__(self, make: Callable[[], Closable]) -> None:
+        self._make, self._local, self._lock = make, threading.local(), threading.Lock()
+        self._made: list[Closable] = []
+
+    def get(self) -> Closable:
+        made = getattr(self._local, "made", None)
+        if made is None:
+            made = self._local.made = self._make()
+            with self._lock:
+                self._made.append(made)
+        return made
+
+    def close(self) -> None:
+        with self._lock:
+            made, self._made = self._made, []
+        for thing in made:
+            thing.close()
 
 
 class EmbeddedTarget:

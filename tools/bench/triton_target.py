@@ -9,12 +9,11 @@ accounting ignores tokens after the deadline.
 from __future__ import annotations
 
 import itertools
-import threading
 
 from tokenrouter import client
 
 from .records import Prompt, RequestRecord
-from .targets import Spans
+from .targets import PerThread, Spans
 
 RESPONSE_TIMEOUT_S = 600.0
 # What the benchmark reads, and so asks for, as a client asks TensorRT-LLM's ensemble for text_output:
@@ -25,23 +24,13 @@ READ_OUTPUTS = ("text_output", "output_models", "finish_reason")
 class TritonTarget:
     def __init__(self, url: str, large: str, model: str = client.DEFAULT_MODEL) -> None:
         self.url, self.large, self.model = url, large, model
-        self._local = threading.local()
-        self._streams: list[client.GrpcStream] = []
-        self._lock = threading.Lock()
+        self._streams = PerThread(lambda: client.GrpcStream(url))
         self._ids = itertools.count()
-
-    def _stream(self) -> client.GrpcStream:
-        stream = getattr(self._local, "stream", None)
-        if stream is None:
-            stream = self._local.stream = client.GrpcStream(self.url)
-            with self._lock:
-                self._streams.append(stream)
-        return stream
 
     def generate(self, prompt: Prompt, *, max_tokens: int, seed: int, deadline: float) -> RequestRecord:
         if not isinstance(prompt, str):
             raise TypeError("the served fronts take text prompts")
-        stream = self._stream()
+        stream = self._streams.get()
         stream.send(client.inputs(text_input=prompt, max_tokens=max_tokens, seed=seed, stream=True), self.model,
                     request_id=str(next(self._ids)), outputs=READ_OUTPUTS)
         record = RequestRecord()
@@ -62,7 +51,4 @@ class TritonTarget:
         return {}  # the subservers run in Triton's stub processes; see the metrics port instead
 
     def close(self) -> None:
-        with self._lock:
-            streams, self._streams = self._streams, []
-        for stream in streams:
-            stream.close()
+        self._streams.close()

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Connection
 from typing import Any, Mapping, Sequence
@@ -26,6 +27,9 @@ import torch
 
 from ..config import ModelSpec
 from .base import Engine, LengthTable, SeqId, StepResult, StepRow
+
+
+PARENT_POLL_S = 0.5  # how often a child looks whether its parent is still there
 
 
 class EngineProcessError(RuntimeError):
@@ -246,16 +250,18 @@ class LogitsBuffer:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies. Without it a child busy loading a model or
-    running a long call (several GB of memory) outlived a killed parent until that call ended."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
+    """End this process soon after its parent dies. Without it a child busy loading a model or running
+    a long call (several GB of memory) outlived a killed parent until that call ended. Linux's
+    PR_SET_PDEATHSIG would fire when the parent *thread* that started us exits (engines are started
+    from thread pools), so a daemon thread watches for being re-parented instead."""
+    parent = os.getppid()
 
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the parent died before the call above: nobody is left to serve
-            os._exit(1)
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _reply(conn: Connection, status: str, value: Any, free_blocks: int | None) -> None:

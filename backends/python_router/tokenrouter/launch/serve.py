@@ -1,7 +1,9 @@
 """`tokenrouter serve`: run Triton with a TokenRouter model repository until Ctrl-C or SIGTERM.
 
-While it runs, a dead tritonserver or Python stub is restarted (supervisor.py); SIGTERM/Ctrl-C
-refuses new requests and drains those in flight (--drain-timeout) before stopping.
+Beside Triton it starts the OpenAI-compatible server (tokenrouter.openai_server, port 9000;
+--no-openai: not). While it runs, a dead tritonserver, Python stub or OpenAI server is restarted
+(supervisor.py); SIGTERM/Ctrl-C refuses new requests and drains those in flight (--drain-timeout),
+on both servers, before stopping.
 
     tokenrouter serve                         the real Qwen2.5-Coder pair (fetched and converted once)
     tokenrouter serve --tiny                  a tiny random pair, ready in seconds
@@ -24,6 +26,8 @@ from tokenrouter.config import ConfigError, TokenRouterConfig, load_config
 from tokenrouter.serving.pair_secret import PairSecretError, move_secret_to_file, pair_secret
 from tokenrouter.serving.repository import read_repository, render_repository, served_models
 
+from .openai_process import DEFAULT_PORT as OPENAI_PORT
+from .openai_process import API_KEY_ENV, OpenAIServer
 from .paths import model_repository_dir, runtime_dir, shipped_config
 from .supervisor import Supervisor
 from .triton_server import (
@@ -58,6 +62,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--openai-port", type=int, default=OPENAI_PORT,
+                        help=f"the OpenAI-compatible API (/v1/chat/completions, ...; default {OPENAI_PORT})")
+    parser.add_argument("--no-openai", action="store_true", help="do not start the OpenAI-compatible server")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
+                        help=f"the OpenAI API then requires 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; "
+                             "unset: no key). Triton's own ports have no authentication")
     parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                         help="on SIGTERM/Ctrl-C: seconds that requests in flight get to finish while new ones "
                              "are refused; the rest then end with 'the server is shutting down' (default 30)")
@@ -188,25 +198,36 @@ def run(args: argparse.Namespace) -> int:
 
     entry, fronts = _served_models(repository)  # read once: the ready line, the supervisor and the drain
     key_file = write_admin_key(server, backend_dir.parent)
+    # an OpenAI API needs TokenRouter's fronts; it drains a little longer than Triton, whose errors it relays
+    api = None if args.no_openai or not fronts else OpenAIServer(
+        repository, server.grpc_url, host=args.host, port=args.openai_port, api_key=args.api_key,
+        drain_timeout_s=args.drain_timeout + ENDING_GRACE_S, log_sink=write_lines(sys.stderr))
     try:
         announce(f"{install.binary} with {repository}")
         server = server.start_ready(args.ready_timeout, say=announce)
         front = fronts[0] if fronts else "<model>"
+        if api is not None:
+            api.start().wait_ready(args.ready_timeout)
         announce(f"ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{front}/generate, generate_stream), "
                  f"gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. Ctrl-C stops.")
+        if api is not None:
+            announce(f"OpenAI API: {api.url}/v1 (models {', '.join(fronts)}; "
+                     f"{'Authorization: Bearer <key> required' if args.api_key else 'no API key'})")
         announce(f"the repository API (load, unload, index) needs the header {ADMIN_HEADER} with the key in {key_file}")
         if _needs_pair_secret(repository):
             announce(f"this node runs {', '.join(served_models(repository))} of a deployment over several servers; "
                      f"it is whole while tokenrouter_peer_connected is 1 for every peer (metrics port)")
-        supervisor = Supervisor(server, entry, args.ready_timeout, announce)
+        supervisor = Supervisor(server, entry, args.ready_timeout, announce, openai=api)
         try:
             supervisor.run_forever()
         finally:
-            server = supervisor.server  # the one running now, for the drain and the stop below
+            server, api = supervisor.server, supervisor.openai  # the ones running now, for the drain and the stop
     except _Stop as stop:
         print(f"tokenrouter serve: {stop}: refusing new requests, draining those in flight "
               f"(up to {args.drain_timeout:g} s)", file=sys.stderr)
         _ignore_stop_signals()
+        if api is not None:
+            api.signal_stop()  # takes no new connection; its requests in flight drain with Triton's
         if not server.drain(fronts, args.drain_timeout):
             reason = f"the server is shutting down; the request did not finish within {args.drain_timeout:g} s"
             print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
@@ -215,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
             server.drain(fronts, ENDING_GRACE_S)  # their errors reach the clients through the fronts
         else:
             print("tokenrouter serve: drained", file=sys.stderr)
+        if api is not None:
+            api.stop(grace_s=ENDING_GRACE_S)
         print("tokenrouter serve: stopping tritonserver", file=sys.stderr)
         return 0
     except TritonError as err:
@@ -222,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         _ignore_stop_signals()
+        if api is not None:
+            api.stop(grace_s=0.0)
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

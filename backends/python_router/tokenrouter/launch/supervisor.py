@@ -1,4 +1,5 @@
-"""Keep one tritonserver serving: restart it when it dies or when one of its Python stubs dies.
+"""Keep one tritonserver serving: restart it when it dies or when one of its Python stubs dies;
+and the OpenAI-compatible server beside it, alone, when that one dies.
 
 Triton 2.51 does not bring a killed Python stub back, keeps reporting the model (and the server)
 ready, and cannot reload it either: a `load` of the model is a no-op and an `unload` never
@@ -17,9 +18,11 @@ import time
 from collections import deque
 from typing import Callable
 
+from .openai_process import OpenAIServer
 from .triton_server import TritonError, TritonServer, process_alive
 
 WATCH_PERIOD_S = 0.25
+OPENAI_SERVER = "<the OpenAI server>"  # what _watch names when that process died
 ERRORS_GRACE_S = 0.5  # for the errors of the requests in flight to reach their clients
 # Up to FREE_RESTARTS restarts within RESTART_WINDOW_S go at once; each one past that waits twice as
 # long as the one before, from BACKOFF_FIRST_S up to BACKOFF_MAX_S: a crash loop does not spin the
@@ -30,18 +33,23 @@ BACKOFF_FIRST_S, BACKOFF_MAX_S = 1.0, 15.0
 
 class Supervisor:
     def __init__(self, server: TritonServer, entry: str | None, ready_timeout_s: float,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], openai: OpenAIServer | None = None) -> None:
         """``server``: started and ready; the models that have a Python stub now must have one
         after every restart. ``entry``: the entry subserver (None: not a TokenRouter repository,
-        nothing to end by hand)."""
+        nothing to end by hand). ``openai``: the OpenAI server, started and ready (None: none)."""
         self.server, self._entry, self._ready_timeout_s, self._say = server, entry, ready_timeout_s, say
+        self.openai = openai
         self._models = frozenset(server.ready_stubs)
         self._restarts: deque[float] = deque()
 
     def run_forever(self) -> None:
         """Watch and restart until interrupted (by the caller's signal handler)."""
         while True:
-            self._restart(*self._watch())
+            cause, dead = self._watch()
+            if dead == [OPENAI_SERVER]:
+                self._restart_openai(cause)
+            else:
+                self._restart(cause, dead)
 
     def _watch(self) -> tuple[str, list[str]]:
         """Block until something is wrong; returns what, and which models lost their stub."""
@@ -54,6 +62,8 @@ class Supervisor:
             code = self.server.process.poll()
             if code is not None:
                 return f"tritonserver exited with code {code}", list(stubs)
+            if self.openai is not None and not self.openai.alive():
+                return f"the OpenAI server exited with code {self.openai.process.returncode}", [OPENAI_SERVER]
             dead = sorted(model for model, pid in stubs.items() if not process_alive(pid))
             if not dead:
                 continue
@@ -86,6 +96,21 @@ class Supervisor:
                 self._say(f"the restart failed ({str(failed).splitlines()[0]}); trying again in {delay:g} s")
                 continue
             self._say("ready again")
+            return
+
+    def _restart_openai(self, cause: str) -> None:
+        """The OpenAI server alone: its clients' connections died with it, Triton's requests go on."""
+        while True:
+            delay = self._next_delay_s()
+            self._say(f"{cause}; restarting it" + (f" in {delay:g} s" if delay else ""))
+            time.sleep(delay)
+            self.openai = dataclasses.replace(self.openai)  # same settings and port, a new process
+            try:
+                self.openai.start().wait_ready(self._ready_timeout_s)
+            except TritonError as failed:
+                cause = f"the OpenAI server's restart failed ({str(failed).splitlines()[0]})"
+                continue
+            self._say("the OpenAI server is ready again")
             return
 
     def _next_delay_s(self) -> float:

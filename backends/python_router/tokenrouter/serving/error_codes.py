@@ -12,6 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# A client that sets this request parameter (true) gets every error of a front as "CODE: message", the
+# code's name first: a gRPC stream's error carries the message alone (our OpenAI server maps the code
+# to an HTTP status, openai_server/errors.py).
+ERROR_CODES_PARAMETER = "tokenrouter_error_codes"
+
 CODE_NAMES = ("INVALID_ARG", "UNAVAILABLE", "INTERNAL", "CANCELLED", "NOT_FOUND", "UNSUPPORTED", "ALREADY_EXISTS",
               "UNKNOWN")
 
@@ -24,3 +29,13 @@ def code_name(pb_utils: Any, code: Any) -> str:
 
 def code_of(pb_utils: Any, name: str) -> Any:
     return getattr(pb_utils.TritonError, name if name in CODE_NAMES else "INTERNAL")
+
+
+def coded_message(name: str, message: str) -> str:
+    return f"{name}: {message}"
+
+
+def split_coded(message: str) -> tuple[str | None, str]:
+    """(code name, message) of a coded_message; (None, message) for any other."""
+    name, sep, rest = message.partition(": ")
+    return (name, rest) if sep and name in CODE_NAMES else (None, message)

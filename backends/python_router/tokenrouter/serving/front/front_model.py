@@ -27,7 +27,8 @@ import triton_python_backend_utils as pb_utils
 
 from ...runtime.request import RequestError
 from ..cpu_sampler import CpuSampler
-from ..peer_auth import front_request_parameters, new_request_key, server_secret
+from ..error_codes import ERROR_CODES_PARAMETER
+from ..peer_auth import front_request_parameters, new_request_key, request_parameters, server_secret
 from ..schema import EXCLUDE_INPUT
 from ..text.text_inputs import TextInputs
 from ..text.tokenizer_stub import load_codec, model_parameters, parse_bool
@@ -63,19 +64,21 @@ class TritonPythonModel:
 
     def _take(self, request: Any) -> None:
         sender = request.get_response_sender()
+        coded = bool((request_parameters(request) or {}).get(ERROR_CODES_PARAMETER))
         try:
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             generations = parse_request(inputs, self.text, decoupled=self.decoupled, limits=self.limits,
                                         exclude_input=self.exclude_input)
         except RequestError as exc:
-            self.writer.reject(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
+            self.writer.reject(sender, str(exc), pb_utils.TritonError.INVALID_ARG, coded)
             return
         except Exception as exc:  # noqa: BLE001 - a bug here must cost one request, never the server
             log.exception("a request failed in the front")
-            self.writer.reject(sender, f"internal error: {type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+            self.writer.reject(sender, f"internal error: {type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL,
+                               coded)
             return
         keys = [new_request_key() for _ in generations]
-        client = self.writer.open(sender, keys, request.requested_output_names() or None)
+        client = self.writer.open(sender, keys, request.requested_output_names() or None, coded)
         for generation, key in zip(generations, keys):
             threading.Thread(target=self._generate, args=(client, generation, key), name="generation",
                              daemon=True).start()

@@ -26,6 +26,7 @@ from typing import Any, Callable, Collection, Mapping
 import numpy as np
 
 from ..cancel_polling import CANCEL_POLL_S, cancel_poll_interval
+from ..error_codes import code_name, coded_message
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class ClientRequest:
     sender: Any
     keys: list[str]  # one per generation: the names the entry knows them by
     wanted: frozenset[str] | None  # the outputs the client asked for (None: all)
+    code_in_message: bool = False  # errors read "CODE: message" (error_codes.ERROR_CODES_PARAMETER)
     running: int = field(init=False)  # generations not ended yet
     done: bool = False
 
@@ -68,9 +70,10 @@ class FrontWriter:
         self._thread = threading.Thread(target=self._loop, name="front-responses", daemon=True)
         self._thread.start()
 
-    def open(self, sender: Any, keys: list[str], wanted: Collection[str] | None) -> ClientRequest:
+    def open(self, sender: Any, keys: list[str], wanted: Collection[str] | None,
+             code_in_message: bool = False) -> ClientRequest:
         """A request whose generations are about to start (queued before any of their output)."""
-        request = ClientRequest(sender, keys, None if wanted is None else frozenset(wanted))
+        request = ClientRequest(sender, keys, None if wanted is None else frozenset(wanted), code_in_message)
         self._queue.put(request)
         return request
 
@@ -82,9 +85,9 @@ class FrontWriter:
         """End the request with an error; its other generations are cancelled at the entry."""
         self._queue.put(_ClientError(request, message, code))
 
-    def reject(self, sender: Any, message: str, code: Any) -> None:
+    def reject(self, sender: Any, message: str, code: Any, code_in_message: bool = False) -> None:
         """Answer a request that never started with an error."""
-        self._queue.put(_ClientError(ClientRequest(sender, [], None), message, code))
+        self._queue.put(_ClientError(ClientRequest(sender, [], None, code_in_message), message, code))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -118,8 +121,10 @@ class FrontWriter:
             self._send_output(item)
         elif not item.request.done:
             self._end(item.request)
+            message = (coded_message(code_name(self._pb, item.code), item.message) if item.request.code_in_message
+                       else item.message)
             self._send(item.request.sender, self._pb.InferenceResponse(
-                output_tensors=[], error=self._pb.TritonError(item.message, item.code)), final=True)
+                output_tensors=[], error=self._pb.TritonError(message, item.code)), final=True)
             if len(item.request.keys) > 1:
                 self._cancel(item.request.keys)
 

@@ -1,0 +1,41 @@
+"""``python -m tokenrouter.openai_server``: the OpenAI-compatible server on uvicorn.
+
+SIGTERM or Ctrl-C: it stops taking connections and gives the requests in flight up to
+``--drain-timeout`` seconds to finish (uvicorn's graceful shutdown), as Triton drains beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import uvicorn
+
+from .app import API_KEY_ENV, create_app
+from .served import ServedPair
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-repository", required=True, type=Path, help="the TokenRouter repository Triton serves")
+    parser.add_argument("--triton-url", default="127.0.0.1:8001", help="Triton's gRPC address (default 127.0.0.1:8001)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"require 'Authorization: Bearer <key>' on /v1 (default: ${API_KEY_ENV}; none: open)")
+    parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                        help="on SIGTERM: seconds the requests in flight get to finish (default 30)")
+    parser.add_argument("--log-level", default="warning")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tokenrouter.openai_server", description=__doc__)
+    configure(parser)
+    args = parser.parse_args(argv)
+    app = create_app(ServedPair.from_repository(args.model_repository), args.triton_url, args.api_key)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                timeout_graceful_shutdown=args.drain_timeout)
+
+
+if __name__ == "__main__":
+    main()
