@@ -39,7 +39,8 @@ def dockerfile() -> str:
 
 def test_each_service_belongs_to_one_profile(compose: dict) -> None:
     assert {name: service["profiles"] for name, service in compose["services"].items()} == {
-        "download": ["download"], "tokenrouter-gpu": ["gpu"], "tokenrouter-cpu": ["cpu"]}
+        "download": ["download"], "tokenrouter-gpu": ["gpu"], "tokenrouter-cpu": ["cpu"],
+        "tokenrouter-slm": ["two-nodes"], "tokenrouter-llm": ["two-nodes"]}
 
 
 def test_gpu_server_reserves_the_gpus_and_serves_a_gpu_config(compose: dict) -> None:
@@ -97,6 +98,49 @@ def test_servers_mount_models_configs_and_repositories_from_the_host(compose: di
     for source, _ in map(_bind, volumes):  # relative to docker/: inside the checkout
         assert (DOCKER / source).resolve().is_relative_to(ROOT)
     assert "volumes" not in compose  # no named volumes: everything big stays on the host
+
+
+TWO_NODES = {"tokenrouter-slm": "slm", "tokenrouter-llm": "llm"}
+
+
+def test_two_nodes_run_one_model_each_on_its_own_gpu_with_a_shared_secret_file(compose: dict, tmp_path: Path) -> None:
+    """The `two-nodes` profile: each service serves `--only` its model of one config, on a GPU of its own;
+    the config names each model's server by its service; the pair secret comes from a compose secret
+    (a file), never a command line; the fronts' node publishes the client ports, the other its gRPC;
+    each is healthy only while its peer is connected. Both nodes render and agree (placement.py)."""
+    services = compose["services"]
+    config_path = None
+    for service, model in TWO_NODES.items():
+        node = services[service]
+        command = node["command"]
+        assert command[:4] == ["tokenrouter", "serve", "--host", "0.0.0.0"] and command[-2:] == ["--only", model]
+        default = re.fullmatch(r"\$\{TOKENROUTER_TWO_NODES_CONFIG:-(.+)\}", command[command.index("--config") + 1])
+        assert config_path in (None, default.group(1))
+        config_path = default.group(1)
+        assert not any("secret" in part.lower() for part in command)
+        assert node["secrets"] == ["tokenrouter_pair_secret"]
+        assert "TOKENROUTER_PAIR_SECRET_FILE=/run/secrets/tokenrouter_pair_secret" in node["environment"]
+        assert node["volumes"] == services["tokenrouter-gpu"]["volumes"]
+        assert node["healthcheck"]["test"][:3] == HEALTHCHECK and node["restart"] == "unless-stopped"
+    gpus = [services[s]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for s in TWO_NODES]
+    assert gpus == [["0"], ["1"]]
+    assert sorted(services["tokenrouter-slm"]["ports"]) == ["8000:8000", "8001:8001", "8002:8002", "9000:9000"]
+    assert [port.split(":")[1] for port in services["tokenrouter-llm"]["ports"]] == ["8001", "8002"]
+    assert services["tokenrouter-llm"]["healthcheck"]["test"][3:] == ["http://localhost:8000/v2/health/ready",
+                                                                      "http://localhost:8002/metrics"]
+    assert compose["secrets"]["tokenrouter_pair_secret"]["file"].startswith("${TOKENROUTER_PAIR_SECRET_FILE:-")
+
+    from tokenrouter.config import load_config
+    from tokenrouter.placement import describe, differences, nodes
+    from tokenrouter.serving.repository import read_repository, render_repository, served_models
+
+    config = load_config(ROOT / config_path)
+    assert nodes(config) == {f"{service}:8001": [model] for service, model in TWO_NODES.items()}
+    views = []
+    for model in TWO_NODES.values():
+        repository = render_repository(config, tmp_path / model, only=[model])
+        views.append(describe(read_repository(repository), served_models(repository)))
+    assert differences(*views) == []
 
 
 def test_download_is_a_one_shot_into_the_host_models_dir_on_the_server_image(compose: dict) -> None:
