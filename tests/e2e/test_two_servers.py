@@ -10,12 +10,9 @@ back; a server with another deployment is refused, naming the value; cancellatio
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import os
 import queue
-import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,12 +21,14 @@ from tritonclient.utils import InferenceServerException
 
 from tokenrouter import TokenRouter
 from tokenrouter.client import GrpcStream, inputs
-from tokenrouter.config import load_config
+from tokenrouter.config import TokenRouterConfig, load_config
 from tokenrouter.launch.triton_server import Ports, TritonServer, find_triton
-from tokenrouter.serving.pair_secret import PAIR_SECRET_FILE_ENV, PAIR_SECRET_PARAMETER
+from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, PAIR_SECRET_FILE_ENV, PAIR_SECRET_PARAMETER
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.serving.schema import PEER_INPUT
 from tokenrouter.serving.subserver.peer_sessions import LINK_PARAMETER
+
+from tokenrouter_tools.bench.placed import LoopbackNodes, free_ports, on_loopback
 
 from .test_routing_server import MAX_MODEL_LEN, PROMPTS, metrics, routing_config, stream_ids, wait_for_idle_pools
 
@@ -38,22 +37,14 @@ LONG = MAX_MODEL_LEN - 32
 CONNECTED = 'tokenrouter_peer_connected{{model="{model}",peer="{peer}"}}'
 
 
-def placed(config: dict, ports: dict[str, Ports]) -> dict:
-    return {**config, "models": {name: {**spec, "server": f"127.0.0.1:{ports[name].grpc}"}
-                                 for name, spec in config["models"].items()}}
-
-
 @pytest.fixture(scope="module")
 def ports() -> dict[str, Ports]:
-    while True:
-        found = {"slm": Ports.free(), "llm": Ports.free()}
-        if len({port for p in found.values() for port in dataclasses.astuple(p)}) == 6:
-            return found
+    return dict(zip(("slm", "llm"), free_ports(2)))
 
 
 @pytest.fixture(scope="module")
-def config(tiny_pair, ports) -> dict:
-    return placed(routing_config(tiny_pair), ports)
+def config(tiny_pair, ports) -> TokenRouterConfig:
+    return on_loopback(load_config(routing_config(tiny_pair)), ports)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -70,50 +61,24 @@ def pair_secret_file(tmp_path_factory):
         os.environ[PAIR_SECRET_FILE_ENV] = previous
 
 
-class Deployment:
-    """A server per node, each restartable on its own ports (as the launcher's supervisor does)."""
-
-    def __init__(self, config: dict, ports: dict[str, Ports], backend_dir: Path, folder: Path) -> None:
-        self.config, self.ports, self.backend_dir, self.folder = config, ports, backend_dir, folder
-        self.servers: dict[str, TritonServer] = {}
-
-    def start(self, name: str, config: dict | None = None) -> TritonServer:
-        repository = render_repository(config or self.config, self.folder / f"{name}-{time.monotonic_ns()}",
-                                       only=[name])
-        log = (self.folder / f"{name}.log").open("a")
-        server = TritonServer(repository, self.backend_dir, find_triton(), self.ports[name], host="127.0.0.1",
-                              log_sink=lambda line: (log.write(line + "\n"), log.flush()), exit_timeout_s=5)
-        self.servers[name] = server.start_ready(180)
-        return self.servers[name]
-
-    def kill(self, name: str) -> float:
-        """SIGKILL the server and its stubs, as a crash or a pulled power cord would; returns when."""
-        server = self.servers.pop(name)
-        os.killpg(server.process.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        server.stop()  # reaps it and removes its shared memory
-        return killed
-
-    def stop(self) -> None:
-        for server in self.servers.values():
-            server.stop()
-
-    def wait_connected(self, model: str, peer: str, value: float, timeout_s: float = 30.0) -> None:
-        key = CONNECTED.format(model=model, peer=peer)
-        deadline = time.monotonic() + timeout_s
-        while metrics(self.servers[model]).get(key) != value:
-            assert time.monotonic() < deadline, f"{key} never became {value}"
-            time.sleep(0.1)
+def wait_connected(nodes: LoopbackNodes, model: str, peer: str, value: float, timeout_s: float = 30.0) -> None:
+    key = CONNECTED.format(model=model, peer=peer)
+    deadline = time.monotonic() + timeout_s
+    while metrics(nodes.servers[model]).get(key) != value:
+        assert time.monotonic() < deadline, f"{key} never became {value}"
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
 def deployment(config, ports, backend_dir, tmp_path_factory):
-    nodes = Deployment(config, ports, backend_dir, tmp_path_factory.mktemp("two-servers"))
+    folder = tmp_path_factory.mktemp("two-servers")
+    log = (folder / "servers.log").open("a")
+    nodes = LoopbackNodes(config, ports, folder, find_triton(), backend_dir,
+                          log_sink=lambda line: (log.write(line + "\n"), log.flush()))
     try:
-        nodes.start("slm")
-        nodes.start("llm")
-        nodes.wait_connected("slm", "llm", 1)
-        nodes.wait_connected("llm", "slm", 1)
+        nodes.start_all(180)
+        wait_connected(nodes, "slm", "llm", 1)
+        wait_connected(nodes, "llm", "slm", 1)
         yield nodes
     finally:
         nodes.stop()
@@ -205,11 +170,11 @@ def test_killing_the_large_models_server_ends_its_requests_clearly_and_the_deplo
         assert error is not None and "model 'llm' at 127.0.0.1:" in error
         assert any(word in error for word in ("is unreachable", "is not connected", "could not reach")), error
     assert wait_for_idle_pools(entry, timeout_s=5) == {}  # the entry's KV for them is free
-    deployment.wait_connected("slm", "llm", 0)
+    wait_connected(deployment, "slm", "llm", 0)
     with pytest.raises(InferenceServerException, match="the deployment is not whole: model 'llm'"):
         stream_ids(entry, PROMPTS[0], max_tokens=4)
 
-    other = {**config, "scheduling": {**config["scheduling"], "max_active": 32}}
+    other = config.model_copy(update={"scheduling": config.scheduling.model_copy(update={"max_active": 32})})
     deployment.start("llm", other)  # back, but with another deployment's settings: refused, naming the value
     time.sleep(2.0)
     with pytest.raises(InferenceServerException, match="scheduling.max_active: 32 at 'llm' at 127.0.0.1:\\d+, 64 at 'slm'"):
@@ -218,7 +183,7 @@ def test_killing_the_large_models_server_ends_its_requests_clearly_and_the_deplo
     deployment.kill("llm")
 
     deployment.start("llm")
-    deployment.wait_connected("slm", "llm", 1)
+    wait_connected(deployment, "slm", "llm", 1)
     assert stream_ids(entry, PROMPTS[1], max_tokens=24, seed=1) == expected(embedded, PROMPTS[1], seed=1)
 
 
@@ -230,12 +195,12 @@ def test_killing_the_entrys_server_frees_the_large_models_kv_and_the_deployment_
     while wait_for_idle_pools(large, timeout_s=0):
         assert time.monotonic() - killed < WITHIN_S, wait_for_idle_pools(large, timeout_s=0)
         time.sleep(0.05)
-    deployment.wait_connected("llm", "slm", 0)
+    wait_connected(deployment, "llm", "slm", 0)
     for stream in streams:
         stream.close()
     entry = deployment.start("slm")
-    deployment.wait_connected("slm", "llm", 1)
-    deployment.wait_connected("llm", "slm", 1)
+    wait_connected(deployment, "slm", "llm", 1)
+    wait_connected(deployment, "llm", "slm", 1)
     assert stream_ids(entry, PROMPTS[2], max_tokens=24, seed=2) == expected(embedded, PROMPTS[2], seed=2)
 
 
@@ -265,8 +230,9 @@ def test_a_node_without_the_pair_secret_does_not_start(config, tmp_path, capsys,
     from tokenrouter.launch.cli import main
 
     monkeypatch.delenv(PAIR_SECRET_FILE_ENV)
+    monkeypatch.delenv(PAIR_SECRET_ENV, raising=False)
     path = tmp_path / "pair.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(config.model_dump()))
     assert main(["serve", "--config", str(path), "--only", "llm", "--model-repository", str(tmp_path / "r")]) == 2
     assert f"set {PAIR_SECRET_FILE_ENV} to its path" in capsys.readouterr().err
     assert load_config(path).models["llm"].server  # (the config was a placed one)
