@@ -39,7 +39,8 @@ def dockerfile() -> str:
 
 def test_each_service_belongs_to_one_profile(compose: dict) -> None:
     assert {name: service["profiles"] for name, service in compose["services"].items()} == {
-        "download": ["download"], "tokenrouter-gpu": ["gpu"], "tokenrouter-cpu": ["cpu"]}
+        "download": ["download"], "tokenrouter-gpu": ["gpu"], "tokenrouter-cpu": ["cpu"],
+        "tokenrouter-slm": ["two-nodes"], "tokenrouter-llm": ["two-nodes"]}
 
 
 def test_gpu_server_reserves_the_gpus_and_serves_a_gpu_config(compose: dict) -> None:
@@ -104,6 +105,49 @@ def test_servers_mount_models_configs_and_repositories_from_the_host(compose: di
     assert "volumes" not in compose  # no named volumes: everything big stays on the host
 
 
+TWO_NODES = {"tokenrouter-slm": "slm", "tokenrouter-llm": "llm"}
+
+
+def test_two_nodes_run_one_model_each_on_its_own_gpu_with_a_shared_secret_file(compose: dict, tmp_path: Path) -> None:
+    """The `two-nodes` profile: each service serves `--only` its model of one config, on a GPU of its own;
+    the config names each model's server by its service; the pair secret comes from a compose secret
+    (a file), never a command line; the fronts' node publishes the client ports, the other its gRPC;
+    each is healthy only while its peer is connected. Both nodes render and agree (placement.py)."""
+    services = compose["services"]
+    config_path = None
+    for service, model in TWO_NODES.items():
+        node = services[service]
+        command = node["command"]
+        assert command[:4] == ["tokenrouter", "serve", "--host", "0.0.0.0"] and command[-2:] == ["--only", model]
+        default = re.fullmatch(r"\$\{TOKENROUTER_TWO_NODES_CONFIG:-(.+)\}", command[command.index("--config") + 1])
+        assert config_path in (None, default.group(1))
+        config_path = default.group(1)
+        assert not any("secret" in part.lower() for part in command)
+        assert node["secrets"] == ["tokenrouter_pair_secret"]
+        assert "TOKENROUTER_PAIR_SECRET_FILE=/run/secrets/tokenrouter_pair_secret" in node["environment"]
+        assert node["volumes"] == services["tokenrouter-gpu"]["volumes"]
+        assert node["healthcheck"]["test"][:3] == HEALTHCHECK and node["restart"] == "unless-stopped"
+    gpus = [services[s]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for s in TWO_NODES]
+    assert gpus == [["0"], ["1"]]
+    assert sorted(services["tokenrouter-slm"]["ports"]) == ["8000:8000", "8001:8001", "8002:8002", "9000:9000"]
+    assert [port.split(":")[1] for port in services["tokenrouter-llm"]["ports"]] == ["8001", "8002"]
+    assert services["tokenrouter-llm"]["healthcheck"]["test"][3:] == ["http://localhost:8000/v2/health/ready",
+                                                                      "http://localhost:8002/metrics"]
+    assert compose["secrets"]["tokenrouter_pair_secret"]["file"].startswith("${TOKENROUTER_PAIR_SECRET_FILE:-")
+
+    from tokenrouter.config import load_config
+    from tokenrouter.placement import describe, differences, nodes
+    from tokenrouter.serving.repository import read_repository, render_repository, served_models
+
+    config = load_config(ROOT / config_path)
+    assert nodes(config) == {f"{service}:8001": [model] for service, model in TWO_NODES.items()}
+    views = []
+    for model in TWO_NODES.values():
+        repository = render_repository(config, tmp_path / model, only=[model])
+        views.append(describe(read_repository(repository), served_models(repository)))
+    assert differences(*views) == []
+
+
 def test_download_is_a_one_shot_into_the_host_models_dir_on_the_server_image(compose: dict) -> None:
     download, gpu = compose["services"]["download"], compose["services"]["tokenrouter-gpu"]
     assert download["command"] == ["tokenrouter", "models", "download"] and download["restart"] == "no"
@@ -141,19 +185,30 @@ def test_dockerfile_keeps_the_image_and_installs_through_the_constraints(dockerf
 
 class _Health(http.server.BaseHTTPRequestHandler):
     statuses = {"/v2/health/ready": 200, "/health": 200}  # Triton's readiness, the OpenAI server's health
+    metrics = ""  # the metrics page (always 200)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        self.send_response(self.statuses.get(self.path, 404))
+        status = 200 if self.path == "/metrics" else self.statuses.get(self.path, 404)
+        self.send_response(status or 404)
         self.end_headers()
+        if self.path == "/metrics":
+            self.wfile.write(self.metrics.encode())
 
     def log_message(self, *args) -> None:
         pass
 
 
-@pytest.mark.parametrize("triton, openai, exit_code", [(200, 200, 0), (503, 200, 1), (200, 503, 1), (None, None, 1)])
-def test_healthcheck_exits_zero_only_when_triton_and_the_openai_server_are_ready(
-        triton: int | None, openai: int | None, exit_code: int) -> None:
-    handler = type("H", (_Health,), {"statuses": {"/v2/health/ready": triton, "/health": openai}})
+PEERS_UP = 'tokenrouter_peer_connected{model="slm",peer="llm"} 1\n'
+PEER_DOWN = PEERS_UP + 'tokenrouter_peer_connected{model="slm",peer="mid"} 0\n'
+
+
+@pytest.mark.parametrize("triton, openai, metrics, exit_code", [
+    (200, 200, "", 0), (503, 200, "", 1), (200, 503, "", 1), (None, None, "", 1), (200, 200, PEERS_UP, 0),
+    (200, 200, PEER_DOWN, 1)])
+def test_healthcheck_exits_zero_only_when_triton_and_the_openai_server_are_ready_and_every_peer_connected(
+        triton: int | None, openai: int | None, metrics: str, exit_code: int) -> None:
+    """A node of a deployment over several servers is healthy only while it reaches every peer."""
+    handler = type("H", (_Health,), {"statuses": {"/v2/health/ready": triton, "/health": openai}, "metrics": metrics})
     server = http.server.HTTPServer(("127.0.0.1", 0), handler)
     base = f"http://127.0.0.1:{server.server_port}"
     if triton is None:
@@ -162,7 +217,7 @@ def test_healthcheck_exits_zero_only_when_triton_and_the_openai_server_are_ready
         threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         run = subprocess.run([sys.executable, str(DOCKER / "healthcheck.py"), f"{base}/v2/health/ready",
-                              f"{base}/health"], timeout=30)
+                              f"{base}/health", f"{base}/metrics"], timeout=30)
     finally:
         if triton is not None:
             server.shutdown()

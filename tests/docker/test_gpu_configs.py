@@ -25,7 +25,8 @@ def config_path(request) -> Path:
 
 
 def test_there_are_one_and_two_gpu_configs() -> None:
-    assert [p.name for p in GPU_CONFIGS] == ["qwen2.5-coder-2gpu.yaml", "qwen2.5-coder-gpu.yaml"]
+    assert [p.name for p in GPU_CONFIGS] == ["qwen2.5-coder-2gpu.yaml", "qwen2.5-coder-gpu-two-nodes.yaml",
+                                            "qwen2.5-coder-gpu.yaml"]
 
 
 def test_gpu_configs_run_vllm_in_bf16_with_the_cpu_defaults_policy(config_path: Path) -> None:
@@ -41,7 +42,7 @@ def test_engines_sharing_a_gpu_fit_their_memory_shares(config_path: Path) -> Non
     config = load_config(config_path)
     shares: dict[str, float] = defaultdict(float)
     for spec in config.models.values():
-        shares[spec.device] += spec.gpu_memory_utilization
+        shares[f"{spec.server} {spec.device}"] += spec.gpu_memory_utilization  # a GPU of one server
         layers, kv_heads, head_dim, params = SHAPES["0.5B" if "0.5B" in spec.path else "1.5B"]
         kv_bytes = spec.kv_cache_tokens * layers * 2 * kv_heads * head_dim * 2  # K and V, bf16
         # weights + KV must leave a quarter of the share for activations and CUDA graphs

@@ -74,3 +74,31 @@ def test_served_suite_alternates_the_paths_and_reports_their_ratios(tiny_pair):
             assert cpu["server by process"]["server: slm"] > 0
         assert all(run["busy"] for run in runs["embedded"]) and not any(run["busy"] for run in runs["served"])
     assert "served / embedded" in markdown(result) and "openai / served" in markdown(result)
+
+
+def test_served_suite_compares_two_servers_with_one_and_each_delay_with_none(tiny_pair):
+    """two-servers (one model per Triton server on loopback) beside served, and the same with 2 ms
+    added to every peer message: paired ratios, the handoff messages counted on both servers, each
+    node's processes in the CPU account, the transport's extra CPU per handoff message."""
+    raw = load_config(TINY_CONFIG).model_dump()
+    raw["frontend"]["names"] = ["tokenrouter"]  # one front per server: this machine is shared
+    result = run_served(load_config(raw), [2], Workload("short-long", (8, 16), 12, max_context=512), Timing(0.3, 1.5),
+                        reps=2, systems=("served", "two-servers"), peer_delays_ms=(0.0, 2.0))
+    assert result["systems"] == ["served", "two-servers", "two-servers+2ms"]
+    (point,) = result["points"]
+    runs, comparisons = point["runs"], point["comparisons"]
+    assert comparisons["two-servers / served"]["throughput"]["per_rep"] == pytest.approx(
+        [t["throughput"] / s["throughput"] for t, s in zip(runs["two-servers"], runs["served"])])
+    assert comparisons["two-servers / served"]["throughput"]["target"] == 0.95
+    delayed = comparisons["two-servers+2ms / two-servers"]
+    assert delayed["throughput"]["verdict"] == "-" and len(delayed["throughput"]["per_rep"]) == 2
+    for system in ("two-servers", "two-servers+2ms"):
+        for run in runs[system]:
+            assert run["handoffs_per_token"] > 0 and set(run["peer_send"]) == {"slm", "llm"}
+            by_process = run["cpu_ms_per_token"]["server by process"]
+            assert by_process["slm node: slm"] > 0 and by_process["llm node: llm"] > 0
+            assert {"slm node: tritonserver", "llm node: tritonserver"} <= set(by_process)
+    per_handoff = comparisons["two-servers / served"]["server_cpu"]["difference_per_handoff_us"]
+    assert len(per_handoff["per_rep"]) == 2
+    text = markdown(result)
+    assert "two-servers / served" in text and "two-servers+2ms / two-servers" in text

@@ -400,6 +400,43 @@ def test_cancel_while_away_releases_the_peer_that_holds_it():
     assert b.on_message(release, 0.0) == [Release("r0")] and b.requests == {} and b.schedule(0.0) is None
 
 
+def test_a_lost_peer_ends_the_requests_away_at_it_and_spares_the_others():
+    """Rule: when a peer server is lost, the requests it holds end with the error and are released
+    here; requests held here go on. Catches a loss that hangs the requests away (their client would
+    wait forever), frees the wrong ones, or leaks their KV here."""
+    policy = Scripted()
+    a = core("a", policy=policy)
+    away, stays = submit(a, "r0", max_tokens=10), submit(a, "r1", max_tokens=10)
+    a.tick(0.0)
+    policy.plan[("a", "r0")] = "b"
+    sends(step(a, a.schedule(0.0), [9, 8]), "handoff")
+    effects = run(a.peer_lost("b", "model 'b' is unreachable", 0.5))
+    assert away.finish == "error" and away.error == "model 'b' is unreachable"
+    assert Release("r0") in effects and set(a.requests) == {"r1"} and a.active == 1
+    assert stays.finish is None and a.schedule(0.5).rids == ["r1"]
+    assert a.peer_lost("b", "again", 0.6) == []  # nothing is away any more
+
+
+def test_a_peer_that_loses_the_entry_releases_everything_and_one_that_loses_another_peer_reports_to_the_entry():
+    """Catches KV held forever on a node whose entry died, and a request away at a lost third model
+    that its entry never hears of."""
+    policy = Scripted()
+    b = SubserverCore("b", ["a", "b", "c"], "a", policy, core().limits)
+    for rid in ("r0", "r1"):
+        run(b.on_message(PeerMessage(kind="handoff", rid=rid, sender="a", tokens=[1, 2, 3], origins=[-1] * 3,
+                                     request=RequestSpec(prompt_len=3, max_tokens=8)), 0.0))
+    policy.plan[("b", "r1")] = "c"
+    sends(step(b, b.schedule(0.0), [4, 5]), "handoff")
+    reported = sends(b.peer_lost("c", "model 'c' is unreachable", 0.1), "finish")
+    assert [(s.peer, s.message.rid, s.message.state) for s in reported] == [
+        ("a", "r1", {"error": "model 'c' is unreachable"})]
+    assert set(b.requests) == {"r0"}
+    b.on_message(PeerMessage(kind="active", rid="", sender="a", active=2), 0.1)
+    assert b.active == 2
+    assert b.peer_lost("a", "the entry is unreachable", 0.2) == [Release("r0")] and b.requests == {}
+    assert b.active == 0  # N as the lost entry last told it would hold this model's thresholds forever
+
+
 def test_cancel_between_schedule_and_step_result_skips_the_row():
     """Catches a step result applied to a request that already ended (a second finish)."""
     a = core()

@@ -5,6 +5,7 @@
     tokenrouter bench sweep --engine sim [--concurrency 1 2 4 8 16]     workloads x concurrency x systems
     tokenrouter bench served [--config configs/tiny.yaml] [--clients 8 ...]  Triton gRPC vs embedded (issues 4, 14)
     tokenrouter bench served --systems served openai                   the OpenAI server vs gRPC (issue 26)
+    tokenrouter bench served --systems served two-servers [--peer-delays-ms 0.5 2]  one model per server (27)
     tokenrouter bench against REF [--rounds 3] [--served "OPTIONS"]   this tree vs commit REF, served suite
 """
 
@@ -59,7 +60,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--clients", type=int, nargs="+", default=[8], help="concurrencies, all on one server")
     p.add_argument("--systems", nargs="+", choices=served.SYSTEMS, default=list(served.DEFAULT_SYSTEMS),
                    metavar="SYSTEM", help="of embedded (the Python API), served (Triton gRPC), openai (the OpenAI "
-                                          "server beside Triton); default: embedded served")
+                                          "server beside Triton), two-servers (one model per Triton server on "
+                                          "loopback, issue 27); default: embedded served")
+    p.add_argument("--peer-delays-ms", type=float, nargs="+", default=[0.0], metavar="MS",
+                   help="two-servers: one deployment per delay added to every peer message (transport.delay_ms), "
+                        "each compared with the one without (default: 0 only)")
     _common(p, reps=3, engine=False)
 
     p = suites.add_parser("against", help="this tree vs a baseline commit: the served suite, runs alternated")
@@ -130,7 +135,8 @@ def _served(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callabl
     setup = tiny_setup()  # builds the tiny pair if needed; its text workload sizes fit tiny.yaml
     config = load_config(args.config or TINY_CONFIG)
     result = served.run_served(config, args.clients, setup.with_workload("short-long", args.max_tokens),
-                               _timing(args, "tiny"), reps=args.reps, seed=args.seed, systems=args.systems)
+                               _timing(args, "tiny"), reps=args.reps, seed=args.seed, systems=args.systems,
+                               peer_delays_ms=sorted({0.0, *args.peer_delays_ms}))
     return result, served.markdown, plot_served, "tiny" if args.config is None else Path(args.config).stem
 
 

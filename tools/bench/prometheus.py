@@ -57,12 +57,13 @@ def _bucket_quantile(cumulative: list[tuple[float, float]], count: float, q: flo
     return None
 
 
-def counter_delta(before: Samples, after: Samples, name: str) -> dict[str, float]:
-    """Per ``model`` label: how much counter ``name`` grew between two scrapes (summed over other labels)."""
+def counter_delta(before: Samples, after: Samples, name: str, **only: str) -> dict[str, float]:
+    """Per ``model`` label: how much counter ``name`` grew between two scrapes (summed over other labels,
+    among the samples whose labels include ``only``)."""
     out: dict[str, float] = {}
     for (metric, labels), value in after.items():
         model = dict(labels).get("model")
-        if metric == name and model:
+        if metric == name and model and set(only.items()) <= labels:
             out[model] = out.get(model, 0.0) + value - before.get((metric, labels), 0.0)
     return out
 

@@ -1,7 +1,9 @@
-"""Served vs embedded (issues 4 and 14), and the OpenAI path vs the gRPC path (issue 26): the same
-config through a real Triton (gRPC streaming), through the OpenAI-compatible server beside it (SSE
-over HTTP, then the same gRPC stream) and through the embedded Python API, alternating runs at each
-concurrency, medians of repetitions.
+"""Served vs embedded (issues 4 and 14), the OpenAI path vs the gRPC path (issue 26), and one model
+per server vs one server (issue 27): the same config through a real Triton (gRPC streaming), through
+the OpenAI-compatible server beside it (SSE over HTTP, then the same gRPC stream), through two
+Triton servers on loopback with one model each (peer messages over the gRPC links, optionally with an
+injected delay per message: ``two-servers+0.5ms``) and through the embedded Python API, alternating
+runs at each concurrency, medians of repetitions.
 
 Both stay up for the whole comparison (the server once started and loaded, the embedded runtime
 on engines loaded once), so a run measures serving, not start-up. Every concurrency N runs on the
@@ -36,13 +38,21 @@ from .report import fmt, ms, pct, table, verdict
 from .runner import Timing, median_of, median_row
 from .targets import STEP_LOG, EmbeddedTarget, Target
 from .openai_target import OpenAITarget
+from .placed import LoopbackNodes, free_ports, on_loopback
 from .triton_target import TritonTarget
 from .workloads import TextPrompts, Workload
 
-SYSTEMS = ("embedded", "served", "openai")
+SYSTEMS = ("embedded", "served", "openai", "two-servers")
 DEFAULT_SYSTEMS = ("embedded", "served")
+TWO_SERVERS = "two-servers"
 PEER_HISTOGRAM = "tokenrouter_peer_send_seconds"
+HANDOFFS = "tokenrouter_handoffs_total"
 OPENAI_SERVER = "openai server"  # its process's name among the server's
+
+
+def two_servers(delay_ms: float) -> str:
+    """The system name of two servers whose peer messages wait ``delay_ms`` each."""
+    return TWO_SERVERS if delay_ms == 0 else f"{TWO_SERVERS}+{delay_ms:g}ms"
 
 
 @dataclass(frozen=True)
@@ -55,9 +65,9 @@ class Comparison:
 
     numerator: str
     denominator: str
-    throughput: float
-    ttft: float
-    cpu_ms: float
+    throughput: float | None  # None: measured, no target (e.g. an injected delay's cost)
+    ttft: float | None
+    cpu_ms: float | None
     added_by: str | None = None
 
     @property
@@ -68,14 +78,21 @@ class Comparison:
 COMPARISONS = (
     Comparison("served", "embedded", throughput=0.9, ttft=2.0, cpu_ms=0.5),  # issues 4 and 14
     Comparison("openai", "served", throughput=0.95, ttft=1.2, cpu_ms=0.1, added_by=f"server: {OPENAI_SERVER}"),  # 26
+    Comparison(TWO_SERVERS, "served", throughput=0.95, ttft=1.2, cpu_ms=None),  # 27
 )
 
 
+def delay_comparisons(delays_ms: Sequence[float]) -> list[Comparison]:
+    """Each injected delay against none (issue 27; the throughput model's prediction is apart)."""
+    return [Comparison(two_servers(d), TWO_SERVERS, throughput=None, ttft=None, cpu_ms=None) for d in delays_ms if d]
+
+
 def run_served(config: TokenRouterConfig, clients: Sequence[int], workload: Workload, timing: Timing, *, reps: int,
-               seed: int = 0, log_path: Path | None = None,
-               systems: Sequence[str] = DEFAULT_SYSTEMS) -> dict[str, Any]:
-    """One server (and the OpenAI server beside it, when measured) and one set of engines (when the
-    embedded runtime is measured) for every concurrency in ``clients``."""
+               seed: int = 0, log_path: Path | None = None, systems: Sequence[str] = DEFAULT_SYSTEMS,
+               peer_delays_ms: Sequence[float] = (0.0,)) -> dict[str, Any]:
+    """One server (and the OpenAI server beside it, when measured), one set of engines (when the
+    embedded runtime is measured) and, for ``two-servers``, a deployment with one model per server
+    for each of ``peer_delays_ms``, for every concurrency in ``clients``."""
     if config.scheduling.max_active < max(clients):
         raise ValueError(f"the config admits {config.scheduling.max_active} requests at once; {max(clients)} "
                          f"clients would queue (raise scheduling.max_active)")
@@ -91,49 +108,72 @@ def run_served(config: TokenRouterConfig, clients: Sequence[int], workload: Work
             log.write(line + "\n")
             log.flush()
 
-        server = TritonServer(repository, build_backend_dir(install, Path(tmp) / "backends"), install, Ports.free(),
-                              host="127.0.0.1", log_sink=sink, exit_timeout_s=5)
+        backend_dir = build_backend_dir(install, Path(tmp) / "backends")
+        server = TritonServer(repository, backend_dir, install, Ports.free(), host="127.0.0.1", log_sink=sink,
+                              exit_timeout_s=5)
         api = OpenAIServer(repository, server.grpc_url, port=free_port(), log_sink=sink, drain_timeout_s=5)
+        placed: dict[str, LoopbackNodes] = {}
+        if TWO_SERVERS in systems:
+            systems = [s for s in systems if s != TWO_SERVERS] + [two_servers(d) for d in peer_delays_ms]
         try:
             server = server.start_ready(600)
             if "openai" in systems:
                 api.triton_url = server.grpc_url
                 api.start().wait_ready(300)
-            points = [_compare_at(n, config, engines, codec, server, api, workload, timing, reps, seed, systems)
-                      for n in clients]
+            for delay in peer_delays_ms if any(s.startswith(TWO_SERVERS) for s in systems) else ():
+                ports = dict(zip(config.model_names, free_ports(len(config.models))))
+                placed[two_servers(delay)] = LoopbackNodes(
+                    on_loopback(config, ports, delay), ports, Path(tmp) / two_servers(delay), install, backend_dir,
+                    sink).start_all()
+            points = [_compare_at(n, config, engines, codec, server, api, placed, workload, timing, reps, seed,
+                                  systems) for n in clients]
         finally:
+            for nodes in placed.values():
+                nodes.stop()
             api.stop(grace_s=5)
             server.stop()
             log.close()
             for engine in engines.values():
                 engine.close()
     return {"suite": "served", "config": config.model_dump(), "clients": list(clients), "systems": list(systems),
-            "workload": workload.__dict__, "timing": timing.__dict__, "reps": reps, "points": points}
+            "peer_delays_ms": list(peer_delays_ms), "workload": workload.__dict__, "timing": timing.__dict__,
+            "reps": reps, "points": points}
 
 
 def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engine], codec: TextCodec,
-                server: TritonServer, api: OpenAIServer, workload: Workload, timing: Timing, reps: int, seed: int,
-                systems: Sequence[str]) -> dict[str, Any]:
+                server: TritonServer, api: OpenAIServer, placed: dict[str, LoopbackNodes], workload: Workload,
+                timing: Timing, reps: int, seed: int, systems: Sequence[str]) -> dict[str, Any]:
     large = next(name for name in config.model_names if name != config.entry)
-    metrics_url = f"127.0.0.1:{server.ports.metrics}"
 
-    def cpu_seconds() -> dict[str, float]:
-        """this process (the clients, and the runtime when embedded) and each process of the server"""
-        seconds = {"this process": own_cpu_seconds(),
-                   **{f"server: {name}": s for name, s in group_cpu_by_process(server.process.pid).items()}}
-        if api.alive():
+    def servers(system: str) -> dict[str, TritonServer]:
+        """The Triton servers a system runs on, by what names their processes (one server: "server")."""
+        return {f"{model} node": node for model, node in placed[system].servers.items()} \
+            if system in placed else {"server": server}
+
+    def cpu_seconds(system: str) -> dict[str, float]:
+        """this process (the clients, and the runtime when embedded) and each process of the system's servers"""
+        seconds = {"this process": own_cpu_seconds()}
+        for where, triton in servers(system).items():
+            seconds.update({f"{where}: {name}": s for name, s in group_cpu_by_process(triton.process.pid).items()})
+        if api.alive() and system not in placed:
             seconds[f"server: {OPENAI_SERVER}"] = sum(group_cpu_by_process(api.process.pid).values())
         return seconds
+
+    def scrape(system: str) -> dict[str, prometheus.Samples]:
+        return {where: prometheus.scrape(f"127.0.0.1:{triton.ports.metrics}")
+                for where, triton in servers(system).items()}
 
     def target(system: str) -> Target:
         if system == "embedded":
             return EmbeddedTarget(TokenRouter(config, engines=engines, codec=codec, step_log=STEP_LOG), large)
+        if system in placed:
+            return TritonTarget(placed[system].entry.grpc_url, large)
         return TritonTarget(server.grpc_url, large) if system == "served" else OpenAITarget(api.url, large)
 
     def run(system: str, rep: int) -> dict[str, Any]:
         served = system != "embedded"
-        before = prometheus.scrape(metrics_url) if served else {}
-        cpu_before = cpu_seconds()
+        before = scrape(system) if served else {}
+        cpu_before = cpu_seconds(system)
         measured = target(system)
         try:
             result = run_closed_loop(measured, workload, TextPrompts(), clients=clients, seed=seed + rep,
@@ -143,22 +183,28 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
         row = summarize(result.records, result.window, clients, large=large, steps=result.spans).as_dict()
         # over the whole run (warm-up included), per output token; the OpenAI server counts only where it works
         tokens = max(1, sum(r.output_tokens for r in result.records))
-        cpu = {where: 1e3 * (seconds - cpu_before.get(where, 0.0)) / tokens for where, seconds in cpu_seconds().items()
-               if system == "openai" or not where.endswith(OPENAI_SERVER)}
+        cpu = {where: 1e3 * (seconds - cpu_before.get(where, 0.0)) / tokens
+               for where, seconds in cpu_seconds(system).items() if system == "openai" or not where.endswith(OPENAI_SERVER)}
         row["cpu_ms_per_token"] = {"this process": cpu.pop("this process"), "server": sum(cpu.values()),
                                    "server by process": cpu}
         if served:
-            after = prometheus.scrape(metrics_url)
-            row["peer_send"] = prometheus.histogram_delta(before, after, PEER_HISTOGRAM)
-            row["triton_queue"] = prometheus.triton_queue_delta(before, after)
+            after = scrape(system)
+            row["peer_send"], row["triton_queue"] = {}, {}
+            handoffs = 0.0
+            for where in after:  # each model's numbers come from its own server
+                row["peer_send"].update(prometheus.histogram_delta(before[where], after[where], PEER_HISTOGRAM))
+                row["triton_queue"].update(prometheus.triton_queue_delta(before[where], after[where]))
+                handoffs += sum(prometheus.counter_delta(before[where], after[where], HANDOFFS, direction="out").values())
+            row["handoffs_per_token"] = handoffs / tokens
             # what the writer's rounds did: output tokens per streamed response, as the client saw them
             row["tokens_per_response"] = tokens / max(1, sum(len(r.arrivals) for r in result.records))
         return row
 
     rows = side_by_side(list(systems), reps, run, label=f"{' vs '.join(systems)} N={clients}")
     medians = {system: {**median_row(runs), **_cpu_medians(runs)} for system, runs in rows.items()}
+    comparisons = [*COMPARISONS, *delay_comparisons([float(s.split("+")[1][:-2]) for s in placed if "+" in s])]
     return {"clients": clients, "runs": rows, "medians": medians,
-            "comparisons": {c.name: _compare(c, rows, medians) for c in COMPARISONS
+            "comparisons": {c.name: _compare(c, rows, medians) for c in comparisons
                             if c.numerator in rows and c.denominator in rows}}
 
 
@@ -170,13 +216,19 @@ def _compare(c: Comparison, rows: dict[str, list[dict[str, Any]]], medians: dict
     numerator, denominator = (medians[system]["cpu_ms_per_token"] for system in (c.numerator, c.denominator))
     cpu = numerator["server"] if c.added_by is None else numerator["server by process"][c.added_by]
     throughput, ttft = statistics.median(ratios), statistics.median(ttfts) if ttfts else None
+    # what each handoff message costs more, both servers' CPU together (two servers vs one)
+    per_handoff = [1e3 * (a["cpu_ms_per_token"]["server"] - b["cpu_ms_per_token"]["server"]) / a["handoffs_per_token"]
+                   for a, b in pairs if a.get("handoffs_per_token")]
     return {"throughput": {"per_rep": ratios, "median": throughput, "target": c.throughput,
-                           "verdict": verdict(throughput, c.throughput)},
+                           "verdict": "-" if c.throughput is None else verdict(throughput, c.throughput)},
             "ttft": {"per_rep": ttfts, "median": ttft, "target": c.ttft,
-                     "verdict": "-" if ttft is None else ("met" if ttft <= c.ttft else "not met")},
+                     "verdict": "-" if ttft is None or c.ttft is None else ("met" if ttft <= c.ttft else "not met")},
             "server_cpu": {"median_ms": cpu, "of": c.added_by or "server", "target_ms": c.cpu_ms,
-                           "verdict": "met" if cpu <= c.cpu_ms else "not met",
-                           "total_difference_ms": numerator["server"] - denominator["server"]}}
+                           "verdict": "-" if c.cpu_ms is None else "met" if cpu <= c.cpu_ms else "not met",
+                           "total_difference_ms": numerator["server"] - denominator["server"],
+                           "difference_per_handoff_us": {"per_rep": per_handoff,
+                                                         "median": statistics.median(per_handoff) if per_handoff
+                                                         else None}}}
 
 
 def _cpu_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -197,14 +249,15 @@ def markdown(result: dict[str, Any]) -> str:
     parts = [table(["N", "path", "tokens/s (median)", "per repetition", "TTFT p50 ms", "latency ms", "large share",
                     "CPU ms/token, this process", "CPU ms/token, server"], rows),
              table(["N", "comparison", "throughput ratio", "per repetition", "verdict", "TTFT ratio", "verdict",
-                    "server CPU ms/token", "verdict", "servers' total CPU difference ms/token"],
+                    "server CPU ms/token", "verdict", "servers' total CPU difference ms/token",
+                    "difference per handoff message µs"],
                    [[p["clients"], name, c["throughput"]["median"],
                      ", ".join(fmt(x) for x in c["throughput"]["per_rep"]),
                      f"{c['throughput']['verdict']} (>= {c['throughput']['target']})", c["ttft"]["median"],
                      f"{c['ttft']['verdict']} (<= {c['ttft']['target']})",
                      f"{fmt(c['server_cpu']['median_ms'])} ({c['server_cpu']['of']})",
                      f"{c['server_cpu']['verdict']} (<= {c['server_cpu']['target_ms']})",
-                     c["server_cpu"]["total_difference_ms"]]
+                     c["server_cpu"]["total_difference_ms"], c["server_cpu"]["difference_per_handoff_us"]["median"]]
                     for p in points for name, c in p["comparisons"].items()])]
     served = [system for system in result["systems"] if system != "embedded"]
     queued = sorted({model for p in points for s in served for run in p["runs"][s] for model in run["triton_queue"]})
@@ -218,13 +271,14 @@ def markdown(result: dict[str, Any]) -> str:
     parts.append(table(["N", "path", *[f"CPU ms/token, {name}" for name in processes]],
                        [[p["clients"], s, *[p["medians"][s]["cpu_ms_per_token"]["server by process"].get(name)
                                             for name in processes]] for p in points for s in served]))
-    peers = [(p["clients"], model,
-              [run["peer_send"][model] for run in p["runs"]["served"] if model in run["peer_send"]])
-             for p in points if "served" in p["runs"]
-             for model in sorted({m for run in p["runs"]["served"] for m in run["peer_send"]})]
+    peers = [(p["clients"], s, model, [run["peer_send"][model] for run in p["runs"][s] if model in run["peer_send"]])
+             for p in points for s in served if s != "openai"
+             for model in sorted({m for run in p["runs"][s] for m in run["peer_send"]})]
     if peers:
-        parts.append(table(["N", "sending model", "peer calls per run (median)", "mean ms (median)"],
-                           [[n, model, median_of(h["count"] for h in hs), ms(median_of(h["mean_s"] for h in hs))]
-                            for n, model, hs in peers]))
+        parts.append(table(["N", "path", "sending model", "peer calls per run (median)", "mean ms (median)",
+                            "handoff messages per output token"],
+                           [[n, s, model, median_of(h["count"] for h in hs), ms(median_of(h["mean_s"] for h in hs)),
+                             median_of(r["handoffs_per_token"] for r in next(p for p in points if p["clients"] == n)
+                                       ["runs"][s])] for n, s, model, hs in peers]))
     return "\n\n".join(parts)
 

@@ -56,6 +56,10 @@ class ModelSpec(_Strict):
         1, description="delayed batching B: an int, a list indexed by active count N (N=1 first), or auto"
     )
     profile: dict[str, Any] | str | None = Field(None, description="simulated engine: step-latency profile")
+    server: str | None = Field(
+        None, description="HOST:PORT of the Triton server (its gRPC port) that runs this model, as the other "
+                          "servers reach it; unset on every model: all in one server (docs/deploy.md, two hosts)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -70,6 +74,16 @@ class ModelSpec(_Strict):
         if value in ("cpu", "cuda", "auto") or (value.startswith("cuda:") and value[5:].isdigit()):
             return value
         raise ValueError(f"'{value}' is not a device; allowed: cpu, cuda, cuda:N, auto")
+
+    @field_validator("server")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"'{value}' is not HOST:PORT (the gRPC address of the Triton server that runs this model)")
+        return value
 
     @field_validator("batch_threshold")
     @classmethod
@@ -203,6 +217,28 @@ class FrontendSpec(_Strict):
         return self
 
 
+class TransportSpec(_Strict):
+    """How subservers on different Triton servers reach each other (models with a ``server``)."""
+
+    down_after_s: float = Field(
+        1.0, gt=0, description="a peer that acknowledges nothing for this long is down: the requests away at it "
+                               "end with an error and the entry refuses new ones until it is back")
+    delay_ms: float = Field(0.0, ge=0, description="added to every peer message before it is sent (measurements "
+                                                   "and tests: a network's latency on loopback)")
+    tls_root_certificates: str | None = Field(None, description="PEM file of the CA that signed the peers' "
+                                                               "certificates; set: peers are reached over TLS")
+    tls_private_key: str | None = Field(None, description="PEM key of this node's client certificate (mutual TLS)")
+    tls_certificate_chain: str | None = Field(None, description="PEM chain of this node's client certificate")
+
+    @model_validator(mode="after")
+    def _tls(self) -> "TransportSpec":
+        if (self.tls_private_key is None) != (self.tls_certificate_chain is None):
+            raise ValueError("tls_private_key and tls_certificate_chain go together (a client certificate)")
+        if self.tls_private_key is not None and self.tls_root_certificates is None:
+            raise ValueError("a client certificate needs tls_root_certificates (TLS to the peers)")
+        return self
+
+
 class TokenRouterConfig(_Strict):
     models: dict[str, ModelSpec]
     entry: str | None = Field(None, description="model that admits requests; default: the first model")
@@ -212,6 +248,7 @@ class TokenRouterConfig(_Strict):
     chat_template: bool = Field(False, description="wrap prompts in the tokenizer's chat template")
     max_model_len: int | None = Field(None, ge=2, description="prompt + output cap; default: smallest model limit")
     frontend: FrontendSpec = Field(default_factory=FrontendSpec)
+    transport: TransportSpec = Field(default_factory=TransportSpec)
 
     @field_validator("models")
     @classmethod
@@ -234,6 +271,10 @@ class TokenRouterConfig(_Strict):
                 raise ValueError(f"models.{name}: a front model has that name (frontend.names); rename one of them")
         if self.scheduling.strategy == "tokenrouter":
             check_thresholds(self.models, self.scheduling.max_active)
+        unplaced = [name for name, spec in self.models.items() if spec.server is None]
+        if unplaced and len(unplaced) < len(names):
+            raise ValueError(f"models {', '.join(unplaced)} name no server while others do: in a deployment over "
+                             f"several servers every model says where it runs (models.<name>.server: HOST:PORT)")
         return self
 
     @property
@@ -285,6 +326,11 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
     policy = raw.get("policy")
     if isinstance(policy, dict) and policy.get("weights"):
         policy["weights"] = fix(policy["weights"])
+    transport = raw.get("transport")
+    if isinstance(transport, dict):
+        for key in ("tls_root_certificates", "tls_private_key", "tls_certificate_chain"):
+            if transport.get(key):
+                transport[key] = fix(transport[key])
     return raw
 
 

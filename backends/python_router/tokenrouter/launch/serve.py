@@ -9,6 +9,8 @@ on both servers, before stopping.
     tokenrouter serve --tiny                  a tiny random pair, ready in seconds
     tokenrouter serve --config my.yaml        any config, rendered to a repository first
     tokenrouter serve --model-repository DIR  a repository as it is (edit its config.pbtxt, restart)
+    tokenrouter serve --config pair.yaml --only llm   one node of a deployment over several servers
+                                              (models.<name>.server; docs/deploy.md, two hosts)
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import sys
 from pathlib import Path
 
 from tokenrouter.config import ConfigError, TokenRouterConfig, load_config
-from tokenrouter.serving.repository import read_repository, render_repository
+from tokenrouter.serving.pair_secret import PairSecretError, move_secret_to_file, pair_secret
+from tokenrouter.serving.repository import read_repository, render_repository, served_models
 
 from .openai_process import DEFAULT_PORT as OPENAI_PORT
 from .openai_process import API_KEY_ENV, OpenAIServer
@@ -54,6 +57,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-repository", metavar="DIR",
                         help="serve DIR as it is; with --config/--tiny: render into DIR "
                              "(default: model_repository/, or .runtime/repositories/<name> when rendering)")
+    parser.add_argument("--only", type=lambda text: text.split(","), metavar="MODEL[,MODEL]",
+                        help="with --config: serve only this node's models (those that share one models.<name>.server), "
+                             "and the fronts when the entry model is one of them")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only); 0.0.0.0 opens the "
                              "server to the network, which has no authentication of its own")
@@ -84,28 +90,32 @@ def _with_pair(config_path: Path, pair: dict[str, Path]) -> TokenRouterConfig:
     return config
 
 
-def _check_paths(config: TokenRouterConfig) -> None:
+def _check_paths(config: TokenRouterConfig, only: list[str] | None = None) -> None:
     for name, spec in config.models.items():
-        if spec.path and not Path(spec.path).exists():
+        if spec.path and not Path(spec.path).exists() and (not only or name in only):
             raise ConfigError(f"model '{name}': {spec.path} does not exist "
                               f"(the default pair installs with `tokenrouter models pull`, the GPU configs' "
                               f"checkpoints with `tokenrouter models download`)")
 
 
-def _render(config: TokenRouterConfig, out: str | None, name: str) -> Path:
-    _check_paths(config)
-    return render_repository(config, Path(out) if out else RUNTIME / "repositories" / name)
+def _render(config: TokenRouterConfig, out: str | None, name: str, only: list[str] | None = None) -> Path:
+    _check_paths(config, only)
+    if only:
+        name = f"{name}-{'-'.join(only)}"
+    return render_repository(config, Path(out) if out else RUNTIME / "repositories" / name, only=only)
 
 
 def prepare_repository(args: argparse.Namespace) -> Path:
     """The repository folder to serve, rendering it and installing models where needed."""
+    if args.only and not args.config:
+        raise ConfigError("--only picks one node of a --config whose models say where they run")
     if args.tiny:
         from tokenrouter_engines.tiny import ensure_tiny_pair
 
         print("tokenrouter serve: preparing the tiny pair", file=sys.stderr)
         return _render(_with_pair(TINY_CONFIG, ensure_tiny_pair(TINY_FAMILY, TINY_SEED)), args.model_repository, "tiny")
     if args.config:
-        return _render(load_config(args.config), args.model_repository, Path(args.config).stem)
+        return _render(load_config(args.config), args.model_repository, Path(args.config).stem, args.only)
     if args.model_repository:
         return Path(args.model_repository).resolve()
     from tokenrouter_engines.models import ensure_real_pair
@@ -141,12 +151,22 @@ def _raise_stop(signum: int, _frame: object) -> None:
 
 
 def _served_models(repository: Path) -> tuple[str | None, list[str]]:
-    """The entry subserver and the fronts of a TokenRouter repository; (None, []) for any other."""
+    """The entry subserver and the fronts of a TokenRouter repository, when this server runs them
+    (a node of a deployment over several servers may not); (None, []) for any other repository."""
     try:
         config = read_repository(repository)
+        here = served_models(repository)
     except ConfigError:
         return None, []
-    return config.entry, config.frontend.names
+    return (config.entry, config.frontend.names) if config.entry in here else (None, [])
+
+
+def _needs_pair_secret(repository: Path) -> bool:
+    """Whether this server's models have peers on other servers (they then need the pair secret)."""
+    try:
+        return set(served_models(repository)) != set(read_repository(repository).model_names)
+    except ConfigError:
+        return False
 
 
 def _ignore_stop_signals() -> None:
@@ -165,7 +185,10 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         _remove_stale_runtime_dirs()
         backend_dir = build_backend_dir(install, RUNTIME / f"serve-{os.getpid()}" / "backends", router)
-    except (ConfigError, TritonError) as err:
+        if _needs_pair_secret(repository):
+            pair_secret()  # here, not in a stub's load: the message says how to give it
+            move_secret_to_file(backend_dir.parent)
+    except (ConfigError, TritonError, PairSecretError) as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C while models are fetched or converted
@@ -197,6 +220,9 @@ def run(args: argparse.Namespace) -> int:
                      f"{'Authorization: Bearer <key> required' if args.api_key else 'no API key'})")
         announce(f"the repository API (load, unload, index) needs the header {ADMIN_HEADER} with the key in {key_file}")
         announce(f"started in {server.start_times.summary()}")
+        if _needs_pair_secret(repository):
+            announce(f"this node runs {', '.join(served_models(repository))} of a deployment over several servers; "
+                     f"it is whole while tokenrouter_peer_connected is 1 for every peer (metrics port)")
         supervisor = Supervisor(server, entry, fronts, args.ready_timeout, announce, openai=api)
         try:
             supervisor.run_forever()

@@ -110,6 +110,17 @@ class SubserverCore:
             self._fail(self.requests[rid], error, fx)
         return fx
 
+    def peer_lost(self, peer: str, error: str, now: float) -> list[Effect]:
+        """``peer`` cannot be reached (its server died, the network dropped): end every request that
+        cannot go on without it, with ``error``; their KV here is released."""
+        self.now, fx = now, []
+        self.role.on_peer_lost(peer, error, fx)
+        return fx
+
+    def away_at(self, peer: str) -> list[RequestState]:
+        """The requests this model handed to ``peer`` last and does not hold now."""
+        return [r for r in self.requests.values() if not r.here and r.sent_to == peer]
+
     def tick(self, now: float) -> list[Effect]:
         """End submissions that waited too long, admit what fits and forget old tombstones; call
         before every ``schedule``."""

@@ -17,6 +17,7 @@ def stamp_handoff(request: RequestState, message: PeerMessage, *, sender: str, p
     message.kind, message.sender, message.active = "handoff", sender, active
     request.known[peer] = message.end
     request.here = False
+    request.sent_to = peer
     request.sampled_token = request.sampled_logprob = None
 
 

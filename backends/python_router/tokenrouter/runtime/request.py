@@ -40,6 +40,7 @@ class RequestState:
     logprobs: list[float] = field(default_factory=list)
     sampled_logprob: float | None = None
     here: bool = False
+    sent_to: str | None = None  # the peer this model last handed it to (where it is while away)
     cached: int = 0  # context tokens this model's engine holds KV for
     ready_since: float = 0.0  # when it last became runnable here (the core's clock)
 

@@ -147,6 +147,12 @@ class EntryRole:
             self._end(request.rid, reason, None, True, fx)
         return None
 
+    def on_peer_lost(self, peer: str, error: str, fx: list[Effect]) -> None:
+        """The requests away at ``peer`` end with ``error`` (the client hears it) and are released
+        everywhere else; those here go on (a handoff to ``peer`` fails when it is sent)."""
+        for request in self.core.away_at(peer):
+            self._end(request.rid, "error", error, False, fx)
+
     def shutdown(self, reason: str) -> list[Effect]:
         fx: list[Effect] = [Emit(s.rid, s.sink, [], [], "error", reason, no_tokens_logprobs(s.spec))
                             for s in self.admission.drain()]
@@ -221,6 +227,18 @@ class PeerRole:
 
     def on_suffix(self, message: PeerMessage, fx: list[Effect]) -> None:
         self.core.drop_message(message, f"{message.kind} sent to a peer")
+
+    def on_peer_lost(self, peer: str, error: str, fx: list[Effect]) -> None:
+        """Without the entry no request here can reach its client: all are released (the entry ends
+        them on its side). Without another peer, the requests away at it end as any failure here."""
+        core = self.core
+        if peer == core.entry:
+            for rid in list(core.requests):
+                core.release(rid, fx)
+            core.active = 0  # the entry counts N, and tells it again when it is back
+            return
+        for request in core.away_at(peer):
+            self.end(request, "error", error, False, fx)
 
     def shutdown(self, reason: str) -> list[Effect]:
         return []

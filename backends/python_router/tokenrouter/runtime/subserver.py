@@ -25,7 +25,7 @@ from .effects import Batch, Effect, Emit, Release, Routed, Send
 from .observers import StepLog, StepObserver, StepRecord
 from .request import ClientSink, Submission
 from .strategies import Strategy
-from .transport import Transport
+from .transport import PeerUnreachable, Transport
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,10 @@ class Subserver:
     def cancel(self, rid: str) -> None:
         self._put("cancel", rid)
 
+    def peer_lost(self, peer: str, error: str) -> None:
+        """``peer`` is unreachable: the requests that cannot go on without it end with ``error``."""
+        self._put("peer_lost", (peer, error))
+
     def fail(self, rid: str, error: str) -> None:
         """End a request with an error from outside the loop (e.g. its handoff could not be sent)."""
         self._put("fail", (rid, error))
@@ -171,6 +175,8 @@ class Subserver:
             self._apply(self.core.cancel(payload, now))
         elif kind == "fail":
             self._apply(self.core.fail(*payload, now))
+        elif kind == "peer_lost":
+            self._apply(self.core.peer_lost(*payload, now))
 
     def _execute(self, batch: Batch) -> None:
         for row in batch.rows:
@@ -214,7 +220,10 @@ class Subserver:
         try:
             self.transport.send(peer, messages)
         except Exception as exc:
-            log.exception("%s: sending %d message(s) to %s failed", self.name, len(messages), peer)
+            if isinstance(exc, PeerUnreachable):  # expected while a peer server is down: no traceback
+                log.warning("%s: %d message(s) to %s not sent: %s", self.name, len(messages), peer, exc)
+            else:
+                log.exception("%s: sending %d message(s) to %s failed", self.name, len(messages), peer)
             for message in messages:
                 if message.kind == "handoff":  # the request would be held by no one: end it
                     self._apply(self.core.fail(message.rid, f"could not reach '{peer}': {exc}", time.monotonic()))

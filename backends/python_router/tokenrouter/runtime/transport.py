@@ -2,7 +2,8 @@
 
 In-process (embedded API): straight into the peer's inbox, through the same JSON encoding the
 Triton transports use, so policy state that would not survive a process boundary fails here too.
-Triton (BLS) and gRPC transports live in ``tokenrouter.serving``.
+Triton (BLS, between the models of one server) and gRPC (between Triton servers, one stream per
+peer) transports live in ``tokenrouter.serving.subserver``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from typing import Callable, Sequence
 from ..protocol import PeerMessage
 
 Deliver = Callable[[PeerMessage], None]
+
+
+class PeerUnreachable(ConnectionError):
+    """The peer cannot be reached now (its server is down or not connected yet); the message says why."""
 
 
 class Transport(abc.ABC):

@@ -10,6 +10,10 @@ Layout (one folder per Triton model)::
     <model>/          python_router, role "subserver": one per config model (ModelSpec as parameters)
     routing_policy/   python_router, role "routing_policy": policy, scheduling and the policy's weights in 1/
 
+A config whose models run on several servers (placement.py) renders one repository per node: that
+node's subservers, the routing_policy model (which names the node's models in ``served_here`` and
+holds the other nodes' model specs in ``remote_models``), and the fronts only on the entry's node.
+
 Every setting is a string ``parameter`` in a config.pbtxt, so editing it and restarting Triton (or
 reloading the model through the repository API) takes effect: the models read their settings
 back with :func:`read_repository`. Relative paths in parameters are relative to the repository
@@ -32,6 +36,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..config import ConfigError, FrontendSpec, ModelSpec, TokenRouterConfig, load_config
+from ..placement import node_models
 from ..runtime.strategies import MULTI_PROCESS
 from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS, EXCLUDE_INPUT,
                      ONE_TOKEN_PER_RESPONSE, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
@@ -236,7 +241,7 @@ def _spec_parameters(spec: ModelSpec, paths: _Paths) -> dict[str, Any]:
     return values
 
 
-def _routing_policy_config(config: TokenRouterConfig, weights: str) -> mc.ModelConfig:
+def _routing_policy_config(config: TokenRouterConfig, weights: str, here: list[str]) -> mc.ModelConfig:
     parameters = {
         "role": "routing_policy",
         "models": config.model_names,
@@ -253,13 +258,17 @@ def _routing_policy_config(config: TokenRouterConfig, weights: str) -> mc.ModelC
         "max_responses_per_s": config.scheduling.max_responses_per_s,
         "max_model_len": config.max_model_len,
         "fronts": config.frontend.names,
+        "served_here": here,
+        "remote_models": {name: spec.model_dump() for name, spec in config.models.items() if name not in here},
+        "transport": config.transport.model_dump(),
     }
     return model_config(ROUTING_POLICY, backend=ROUTER_BACKEND, max_batch_size=0,
                         outputs=ROUTING_POLICY_OUTPUTS.values(), parameters=parameters)
 
 
 def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], out_dir: Path, *,
-                      instance_kind: str | None = None, relative_paths: bool = True) -> Path:
+                      instance_kind: str | None = None, relative_paths: bool = True,
+                      only: list[str] | None = None) -> Path:
     """Write a complete model repository for ``config`` into ``out_dir`` and return its path.
 
     ``out_dir`` is replaced as a whole (it must be empty, absent, or an earlier rendering), so a
@@ -267,8 +276,10 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
     routing_policy/1/; trained routers already in the earlier rendering's routing_policy/1/ stay there.
     ``instance_kind`` applies to the subservers; None (the default, and what ``serve --config`` uses)
     derives each one's kind from its model's ``device`` (KIND_GPU pins the device's GPU).
+    ``only``: the models of one node of a config placed over several servers (placement.py); None: all.
     """
     config = load_config(config)
+    here = node_models(config, only)
     out_dir = Path(out_dir).resolve()
     if config.scheduling.strategy not in MULTI_PROCESS:
         raise ConfigError(
@@ -284,21 +295,27 @@ def render_repository(config: TokenRouterConfig | str | Path | dict[str, Any], o
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
-        render_frontend(staging, entry=config.entry, tokenizer=paths.encode(config.tokenizer_path),
-                        chat_template=config.chat_template, max_model_len=config.max_model_len,
-                        frontend=config.frontend)
+        if config.entry in here:
+            render_frontend(staging, entry=config.entry, tokenizer=paths.encode(config.tokenizer_path),
+                            chat_template=config.chat_template, max_model_len=config.max_model_len,
+                            frontend=config.frontend)
         for name, spec in config.models.items():
+            if name not in here:
+                continue
             sub = subserver_config(name, _spec_parameters(spec, paths), instance_kind=instance_kind, device=spec.device)
             write_model(staging, sub)
         weights = Path(config.policy.weights) if config.policy.weights else None
         files = {weights.name: weights} if weights else {}
-        write_model(staging, _routing_policy_config(config, weights.name if weights else ""), files)
+        write_model(staging, _routing_policy_config(config, weights.name if weights else "", here), files)
         _keep_trained_routers(out_dir / ROUTING_POLICY / "1", staging / ROUTING_POLICY / "1")
         # Rendered before the rename (or a checkout where git removed router/config.pbtxt but not the
         # ignored trained routers beside it): they move into routing_policy/1/. Only folders move, and
         # no other model keeps folders in its 1/, so a model now named router loses nothing.
         _keep_trained_routers(out_dir / LEGACY_ROUTING_POLICY / "1", staging / ROUTING_POLICY / "1")
-        (staging / MARKER).write_text("Rendered by `tokenrouter build-repository`; rendering again replaces this folder.\n")
+        node = f"the node of {', '.join(here)} at {config.models[here[0]].server}" if here != config.model_names \
+            else "one server running every model"
+        (staging / MARKER).write_text(f"Rendered by `tokenrouter build-repository` for {node}; rendering again "
+                                      f"replaces this folder.\n")
         _replace(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -389,14 +406,18 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
     names = json_param("models")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"{policy_dir}/config.pbtxt: parameter 'models' must be a JSON list of model names")
-    models = {name: _read_spec(model_parameters(repo_dir / name, "subserver"), paths) for name in names}
+    remote = _decode(policy_model.get("remote_models", ""), text=False) or {}
+    models = {name: remote[name] if name in remote else _read_spec(model_parameters(repo_dir / name, "subserver"), paths)
+              for name in names}
     weights = _require(policy_model, "policy_weights", policy_dir)
-    pre_dir = repo_dir / PREPROCESSING
-    pre = model_parameters(pre_dir)
-    tokenizer = paths.decode(_require(pre, "tokenizer", pre_dir))
     entry = _require(policy_model, "entry", policy_dir) or None
     fronts = json_param("fronts")
-    first_front = read_model_config(repo_dir / fronts[0]) if isinstance(fronts, list) and fronts else None
+    # the entry's node has the fronts and the text models; another node's repository only names them
+    fronts_here = isinstance(fronts, list) and bool(fronts) and (repo_dir / fronts[0]).is_dir()
+    first_front = read_model_config(repo_dir / fronts[0]) if fronts_here else None
+    pre_dir = repo_dir / PREPROCESSING
+    pre = model_parameters(pre_dir) if fronts_here or pre_dir.is_dir() else {}
+    tokenizer = paths.decode(_require(pre, "tokenizer", pre_dir)) if pre else None
     raw = {
         "models": models,
         "entry": entry,
@@ -416,8 +437,9 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
         },
         # the default (the entry model's own tokenizer) reads back as the default
         "tokenizer": None if tokenizer == models.get(entry or next(iter(models), ""), {}).get("path") else tokenizer,
-        "chat_template": _decode(_require(pre, "chat_template", pre_dir), text=False),
+        "chat_template": _decode(_require(pre, "chat_template", pre_dir), text=False) if pre else False,
         "max_model_len": json_param("max_model_len"),
+        "transport": _decode(policy_model.get("transport", ""), text=False) or {},
         # the first front's config speaks for all (each front reads its own mode from its own config)
         "frontend": {"names": fronts, "decoupled": first_front.model_transaction_policy.decoupled,
                      ONE_TOKEN_PER_RESPONSE: [name for name in fronts if _decode(model_parameters(
@@ -429,3 +451,11 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
                         if EXCLUDE_INPUT in first_front.parameters else {})} if first_front else {"names": fronts},
     }
     return load_config(raw)
+
+
+def served_models(repo_dir: Path) -> list[str]:
+    """The models the server of this repository runs (the others run on other servers): all of them
+    unless it was rendered for one node (``render_repository(..., only=...)``)."""
+    policy_model = model_parameters(Path(repo_dir) / ROUTING_POLICY, "routing_policy")
+    here = _decode(policy_model.get("served_here", ""), text=False)
+    return here if isinstance(here, list) else _decode(_require(policy_model, "models", repo_dir), text=False)

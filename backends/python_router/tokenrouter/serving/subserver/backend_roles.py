@@ -4,7 +4,8 @@ The glue is thin: intake.py turns requests into the runtime Subserver's submissi
 messages; triton_sink.py and subserver_writer.py turn the subserver's output events into decoupled
 responses on a thread of their own (so the decoding loop never waits on Triton's IPC);
 bls_transport.py carries peer messages to the other subservers, signed with this server start's
-secret (peer_auth.py).
+secret (peer_auth.py); peer_link.py to those on other servers of the deployment (placement.py),
+with the pair secret (pair_secret.py).
 """
 
 from __future__ import annotations
@@ -18,15 +19,22 @@ from typing import Any
 
 import numpy as np
 
+from ...config import TokenRouterConfig
 from ...engine.factory import create_engine
+from ...placement import describe
 from ...runtime.assembly import build_policy, build_subserver, effective_max_model_len, kv_capacity
 from ...runtime.strategies import MULTI_PROCESS, make_strategy
 from ..cpu_sampler import CpuSampler
+from ..pair_secret import pair_secret
 from ..peer_auth import server_secret
-from ..repository import MAX_BATCH_SIZE, read_repository
+from ..repository import MAX_BATCH_SIZE, read_repository, served_models
 from .bls_transport import BlsTransport
+from .grpc_channel import stream_opener
 from .intake import SubserverIntake
 from .metrics import SubserverMetrics
+from .peer_link import PeerLink
+from .peer_sessions import PeerSessions
+from .placed_transport import PlacedTransport
 from .subserver_writer import SubserverWriter
 
 log = logging.getLogger(__name__)
@@ -77,7 +85,10 @@ class SubserverRole:
         self._pb = pb_utils
         self.name = args["model_name"]
         self._sampler = CpuSampler.from_env(self.name)  # off unless TOKENROUTER_PROFILE names a folder
-        config = read_repository(Path(args["model_repository"]).parent)
+        repository = Path(args["model_repository"]).parent
+        config = read_repository(repository)
+        here = served_models(repository)
+        remote = [name for name in config.model_names if name not in here]
         if config.scheduling.strategy not in MULTI_PROCESS:
             raise ValueError(f"strategy '{config.scheduling.strategy}' needs all models in one process; in Triton "
                              f"use one of {', '.join(MULTI_PROCESS)} (the embedded API runs the others)")
@@ -90,16 +101,19 @@ class SubserverRole:
         max_model_len = effective_max_model_len(config, [engine.max_model_len])
         capacities = {name: kv_capacity(spec) for name, spec in config.models.items()}
         secret = server_secret()
-        self._transport = BlsTransport(pb_utils, secret, on_failure=self._on_transport_failure,
-                                       on_round_trip=lambda seconds: self._metrics.observe_round_trip(seconds))
+        self._transport = PlacedTransport(BlsTransport(
+            pb_utils, secret, on_failure=self._on_transport_failure,
+            on_round_trip=lambda seconds: self._metrics.observe_round_trip(seconds)))
         self.subserver = build_subserver(config, self.name, engine, build_policy(config), self._transport,
                                          make_strategy(config.scheduling.strategy, len(config.models)),
                                          max_model_len=max_model_len, capacities=capacities)
         self._writer = SubserverWriter(pb_utils, self.subserver,
                                        max_responses_per_s=config.scheduling.max_responses_per_s)
-        self._metrics = SubserverMetrics(pb_utils, self.subserver)
+        self._metrics = SubserverMetrics(pb_utils, self.subserver, remote_peers=remote)
+        sessions = self._connect_remote_peers(config, here, remote) if remote else None
         self._intake = SubserverIntake(pb_utils, self.subserver, self._writer, config.model_names, secret,
-                                       on_refused_peer_call=self._metrics.count_refused_peer_call)
+                                       on_refused_peer_call=self._metrics.count_refused_peer_call,
+                                       remote=sessions, not_whole=self._transport.problem)
         self.subserver.start()
         threading.Thread(target=self._exit_when_the_loop_dies, name="loop-watchdog", daemon=True).start()
 
@@ -112,6 +126,25 @@ class SubserverRole:
         self._writer.close()  # sends what is queued (the requests' errors) first
         log.critical("model %s: the subserver loop died (%s); ending this stub", self.name, self.subserver.failure)
         os._exit(LOOP_DIED_EXIT)
+
+    def _connect_remote_peers(self, config: TokenRouterConfig, here: list[str], remote: list[str]) -> PeerSessions:
+        """A link to each model on another server, and the sessions of their links to this one."""
+        secret = pair_secret()  # a node without it does not load: the message says how to give it
+        view = describe(config, here)
+        transport = config.transport
+        for peer in remote:
+            address = config.models[peer].server
+            self._transport.add_link(PeerLink(
+                self.name, peer, address, stream_opener(address, peer, transport), secret=secret, view=view,
+                down_after_s=transport.down_after_s, delay_s=transport.delay_ms / 1e3,
+                on_up=lambda peer: self._metrics.peer_connected(peer, True), on_down=self._on_peer_down,
+                on_failure=self._on_transport_failure, on_round_trip=self._metrics.observe_round_trip))
+        return PeerSessions(secret, view, remote, here=f"'{self.name}' at {config.models[self.name].server}",
+                            on_session_lost=self.subserver.peer_lost)
+
+    def _on_peer_down(self, peer: str, error: str) -> None:
+        self._metrics.peer_connected(peer, False)
+        self.subserver.peer_lost(peer, error)
 
     def _on_transport_failure(self, rid: str, error: str) -> None:
         self.subserver.fail(rid, error)

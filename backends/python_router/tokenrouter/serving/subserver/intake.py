@@ -3,7 +3,8 @@
 Two kinds of request reach a subserver model: a prompt (``input_ids`` and sampling inputs, entry
 model only), from a front model or from a client that tokenizes itself, and peer messages from the
 other subservers of this server or control calls (``peer_message``, authenticated by the server's
-secret, see peer_auth.py). A front names its prompt by a key (with the secret) so that its
+secret, see peer_auth.py), or from a subserver on another server of the deployment (a link call,
+authenticated by the pair secret and put in order by peer_sessions.py). A front names its prompt by a key (with the secret) so that its
 control call can cancel it: Triton does not pass a client's cancellation on to a BLS request.
 
 The bookkeeping rule that keeps Triton alive: a response sender is registered with the writer
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 from typing import Any, Callable
 
 import numpy as np
@@ -27,6 +29,7 @@ from ...runtime.request import RequestError
 from ..peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
                          carries_secret, request_parameters)
 from ..schema import ONE_TOKEN_PER_RESPONSE, PEER_INPUT, SPEC_SCALARS, split_sequences
+from .peer_sessions import LINK_PARAMETER, LinkRefused, PeerSessions
 from .subserver_writer import SubserverWriter
 from .triton_sink import TritonSink
 
@@ -34,13 +37,24 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 16
 
 
+class NotWhole(Exception):
+    """A peer server of the deployment is not connected: new requests are refused (UNAVAILABLE)."""
+
+
 class SubserverIntake:
     def __init__(self, pb_utils: Any, subserver: Any, writer: SubserverWriter, names: list[str], secret: str,
-                 on_refused_peer_call: Callable[[], None] = lambda: None) -> None:
+                 on_refused_peer_call: Callable[[], None] = lambda: None, *, remote: PeerSessions | None = None,
+                 not_whole: Callable[[], str | None] = lambda: None) -> None:
+        """``remote``: the sessions of peers on other servers; ``not_whole()``: why the deployment
+        cannot serve a request now (None: it can)."""
         self._pb, self._subserver, self._writer = pb_utils, subserver, writer
         self._names, self._secret = names, secret
         self._on_refused_peer_call = on_refused_peer_call
+        self._remote, self._not_whole = remote, not_whole
         self._ids = itertools.count()
+        # Request ids are unique across server starts: a peer on another server outlives a restart of
+        # this one and ignores ids it has seen end (tombstones), which a restarted count would reuse.
+        self._start = secrets.token_hex(4)
 
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -60,7 +74,7 @@ class SubserverIntake:
                 self._submit(request, sender)
         except RequestError as exc:
             self._reject(request, sender, str(exc), self._pb.TritonError.INVALID_ARG)
-        except ServerBusy as exc:  # the admission queue is full: the client may retry later
+        except (ServerBusy, NotWhole) as exc:  # the queue is full, or a peer server is away: retry later
             self._reject(request, sender, str(exc), self._pb.TritonError.UNAVAILABLE)
         except Exception as exc:  # noqa: BLE001 - a bug here must cost one request, never the server
             log.exception("%s: request failed in the Triton glue", self._subserver.name)
@@ -68,15 +82,26 @@ class SubserverIntake:
 
     def _take_peer_messages(self, request: Any) -> None:
         parameters = request_parameters(request) or {}
-        self._refuse_without_secret(parameters, PEER_INPUT)
-        control = parameters.get(CONTROL_PARAMETER)
-        if control == "shutdown":
-            self._end_all(str(parameters.get(REASON_PARAMETER) or "the server is shutting down"))
-        elif control == "cancel":
-            for rid in self._writer.rids_of(str(parameters.get(CANCEL_KEYS_PARAMETER, "")).split()):
-                self._subserver.cancel(rid)
-        payload = self._pb.get_input_tensor_by_name(request, PEER_INPUT).as_numpy().reshape(-1)[0]
-        for message in decode_batch(payload):
+
+        def messages() -> list:
+            return decode_batch(self._pb.get_input_tensor_by_name(request, PEER_INPUT).as_numpy().reshape(-1)[0])
+
+        if self._remote is not None and LINK_PARAMETER in parameters:
+            try:
+                batch = self._remote.take(parameters, messages)
+            except LinkRefused:
+                self._on_refused_peer_call()
+                raise
+        else:
+            self._refuse_without_secret(parameters, PEER_INPUT)
+            control = parameters.get(CONTROL_PARAMETER)
+            if control == "shutdown":
+                self._end_all(str(parameters.get(REASON_PARAMETER) or "the server is shutting down"))
+            elif control == "cancel":
+                for rid in self._writer.rids_of(str(parameters.get(CANCEL_KEYS_PARAMETER, "")).split()):
+                    self._subserver.cancel(rid)
+            batch = messages()
+        for message in batch:
             self._subserver.deliver(message)
 
     def _refuse_without_secret(self, parameters: dict[str, Any], what: str) -> None:
@@ -95,6 +120,9 @@ class SubserverIntake:
         if not self._subserver.is_entry:
             raise RequestError(f"'{self._subserver.name}' is not the entry model; send requests to "
                                f"'{self._subserver.entry}' or a front model (e.g. 'tokenrouter')")
+        problem = self._not_whole()
+        if problem is not None:
+            raise NotWhole(f"the deployment is not whole: {problem}; try again when it is back")
         parameters = request_parameters(request)
         if parameters is None:
             raise RequestError("the request's parameters cannot be read")
@@ -117,7 +145,7 @@ class SubserverIntake:
             spec.end_ids = sorted(self._subserver.engine.eos_token_ids)
         _refuse_a_fully_banned_vocabulary(spec.bad_sequences, self._subserver.engine.vocab_size)
         stream = self._scalar(request, "stream", False)
-        rid = f"{self._subserver.name}-{next(self._ids)}"
+        rid = f"{self._subserver.name}-{self._start}-{next(self._ids)}"
         sink = TritonSink(self._writer, rid, sender, bool(stream), self._names, self._subserver.index,
                           request.requested_output_names() or None,
                           one_token=parameters.get(ONE_TOKEN_PER_RESPONSE) in (True, "true"))

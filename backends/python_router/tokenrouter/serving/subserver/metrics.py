@@ -20,7 +20,8 @@ QUEUE_WAIT_BUCKETS = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60]
 
 
 class SubserverMetrics:
-    def __init__(self, pb_utils: Any, server: Subserver, period_s: float = 0.5) -> None:
+    def __init__(self, pb_utils: Any, server: Subserver, period_s: float = 0.5, remote_peers: list[str] = ()) -> None:
+        """``remote_peers``: the models on other servers of the deployment (a connected gauge each)."""
         family = pb_utils.MetricFamily
         model = {"model": server.name}
         # Triton requires a family to outlive its metrics: keep every family referenced.
@@ -48,8 +49,11 @@ class SubserverMetrics:
         self._handoff_rtt = make("tokenrouter_peer_send_seconds", "Round trip of one peer-message call",
                                  family.HISTOGRAM, buckets=HANDOFF_BUCKETS)
         self._refused_peer_calls = make("tokenrouter_refused_peer_calls_total",
-                                        "Calls with a peer_message that lacked this server's secret (refused)",
+                                        "Calls with a peer_message that lacked this server's secret or the pair secret, or did not fit a link (refused)",
                                         family.COUNTER)
+        self._connected = {peer: make("tokenrouter_peer_connected", "1 while the peer model on another server is "
+                                      "connected, else 0 (the deployment is whole when every one is 1)",
+                                      family.GAUGE, {**model, "peer": peer}) for peer in remote_peers}
         self._entry = server.is_entry
         self._counter_kind = family.COUNTER
         if self._entry:
@@ -68,6 +72,9 @@ class SubserverMetrics:
 
     def observe_round_trip(self, seconds: float) -> None:
         self._handoff_rtt.observe(seconds)
+
+    def peer_connected(self, peer: str, connected: bool) -> None:
+        self._connected[peer].set(1 if connected else 0)
 
     def count_refused_peer_call(self) -> None:
         self._refused_peer_calls.increment(1)

@@ -1,0 +1,75 @@
+"""The secret that the servers of one deployment share, so that a subserver takes peer messages
+from another server only when they come from that deployment (placement.py).
+
+The per-start secret (peer_auth.py) stays inside one server; this one is configured on every node
+of a deployment over several servers, the same value on each, and never on a command line:
+
+- ``TOKENROUTER_PAIR_SECRET_FILE``: a file holding it (a Docker or Kubernetes secret mounts one);
+- or ``TOKENROUTER_PAIR_SECRET``: the value itself. ``tokenrouter serve`` moves it into a private
+  file before it starts tritonserver, so that no stub and nothing a stub starts has it in its
+  environment.
+
+A link call (peer_sessions.py) carries it as a request parameter; without it the peer refuses. Use
+TLS (``transport.tls_*``) where the network between the servers is not trusted: the secret travels
+in every call.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from pathlib import Path
+from typing import Any
+
+PAIR_SECRET_FILE_ENV = "TOKENROUTER_PAIR_SECRET_FILE"
+PAIR_SECRET_ENV = "TOKENROUTER_PAIR_SECRET"
+PAIR_SECRET_PARAMETER = "tokenrouter_pair_secret"
+MIN_LENGTH = 16
+
+
+class PairSecretError(ValueError):
+    """No usable pair secret; the message says how to give one."""
+
+
+def pair_secret() -> str:
+    """The deployment's secret, from the file or the environment (see the module docstring)."""
+    path = os.environ.get(PAIR_SECRET_FILE_ENV)
+    if path:
+        try:
+            secret = Path(path).read_text().strip()
+        except OSError as err:
+            raise PairSecretError(f"{PAIR_SECRET_FILE_ENV}={path}: cannot read it ({err.strerror})") from None
+        source = f"the file {path} ({PAIR_SECRET_FILE_ENV})"
+    else:
+        secret, source = os.environ.get(PAIR_SECRET_ENV, "").strip(), PAIR_SECRET_ENV
+    if not secret:
+        raise PairSecretError(f"models on several servers need a secret shared by every server: put it in a "
+                              f"file and set {PAIR_SECRET_FILE_ENV} to its path (or set {PAIR_SECRET_ENV}) on "
+                              f"each node, e.g. `openssl rand -base64 32 > pair-secret` (docs/deploy.md)")
+    if len(secret) < MIN_LENGTH:
+        raise PairSecretError(f"the pair secret in {source} has {len(secret)} characters; use at least "
+                              f"{MIN_LENGTH} (e.g. `openssl rand -base64 32`)")
+    return secret
+
+
+def move_secret_to_file(folder: Path) -> None:
+    """For the launcher: a secret given as ``TOKENROUTER_PAIR_SECRET`` goes into a file of this user's
+    (0600) in ``folder``, and the environment that tritonserver inherits names the file instead."""
+    secret = os.environ.pop(PAIR_SECRET_ENV, None)
+    if not secret or os.environ.get(PAIR_SECRET_FILE_ENV):
+        return
+    path = folder / "pair-secret"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(secret)
+    os.environ[PAIR_SECRET_FILE_ENV] = str(path)
+
+
+def pair_parameters(secret: str) -> dict[str, str]:
+    return {PAIR_SECRET_PARAMETER: secret}
+
+
+def carries_pair_secret(parameters: dict[str, Any], secret: str) -> bool:
+    """Whether request parameters hold ``secret`` (compared in constant time)."""
+    given = parameters.get(PAIR_SECRET_PARAMETER)
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), secret.encode())
