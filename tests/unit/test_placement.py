@@ -65,7 +65,7 @@ def test_each_node_renders_its_own_models_and_the_fronts_go_with_the_entry(tiny_
     large = render_repository(config, tmp_path / "llm", only=["llm"])
     models = lambda repo: sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file())
     assert models(entry) == ["ensemble", "postprocessing", "preprocessing", "routing_policy", "slm",
-                             "tensorrt_llm_bls", "tokenrouter"]
+                             "tensorrt_llm", "tensorrt_llm_bls", "tokenrouter"]
     assert models(large) == ["llm", "routing_policy"]
     assert "for the node of llm at node-2:8001" in (large / ".tokenrouter-repository").read_text()
     assert served_models(entry) == ["slm"] and served_models(large) == ["llm"]
