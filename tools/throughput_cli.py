@@ -43,6 +43,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=0, help="print only the best TOP rows per N (default: all)")
     parser.add_argument("--monte-carlo", dest="monte_carlo", type=int, default=0, metavar="EVENTS",
                         help="add a discrete-event simulation column with this many batch completions")
+    parser.add_argument("--handoff-ms", dest="handoff_ms", type=float, default=0.0,
+                        help="latency of every handoff between models on different servers (ms): the chain adds "
+                             "it to the step of each model rows leave, the simulation delays each moved row")
+    parser.add_argument("--no-chain", dest="chain", action="store_false",
+                        help="with --monte-carlo and --B: only the simulation (the chain is too large past "
+                             "N of about 16; e.g. N = 64)")
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
@@ -54,6 +60,8 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         values.update(loaded)
     values.update({key: getattr(args, key) for key in ("P", "C", "L_ms", "delta_ms", "N", "B")
                    if getattr(args, key) is not None})
+    if not args.chain and not (args.monte_carlo and values.get("B")):
+        raise ValueError("--no-chain needs --monte-carlo and --B (one B to simulate)")
     missing = [key for key in ("P", "C", "L_ms", "delta_ms", "N") if key not in values]
     if missing:
         raise ValueError(f"missing {', '.join(missing)}: give --paper, --file or the flags")
@@ -66,7 +74,8 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     try:
         values = _inputs(args)
-        print(f"P = {values['P']}\nC = {values['C']}\nL = {values['L_ms']} ms, delta = {values['delta_ms']} ms")
+        print(f"P = {values['P']}\nC = {values['C']}\nL = {values['L_ms']} ms, delta = {values['delta_ms']} ms"
+              + (f", handoff = {args.handoff_ms:g} ms" if args.handoff_ms else ""))
         for n in values["N"]:
             _report(values, n, args)
     except (ValueError, OSError, yaml.YAMLError) as err:
@@ -77,12 +86,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(values: dict[str, Any], n: int, args: argparse.Namespace) -> None:
     P, C, L, delta = values["P"], values["C"], values["L"], values["delta"]
+    handoff_s = args.handoff_ms / 1e3
     started = time.perf_counter()
     if values.get("B"):
         best = tuple(values["B"])
-        table = {best: predict(P, C, L, values["B"], n, delta, snap=args.snap)}
+        table = {best: predict(P, C, L, values["B"], n, delta, snap=args.snap, handoff_s=handoff_s)
+                 if args.chain else float("nan")}
     else:
-        best_list, table = best_thresholds(P, C, L, n, delta, snap=args.snap)
+        best_list, table = best_thresholds(P, C, L, n, delta, snap=args.snap, handoff_s=handoff_s)
         best = tuple(best_list)
     elapsed = time.perf_counter() - started
     shown = sorted(table, key=lambda B: -table[B])[:args.top] if args.top > 0 else sorted(table)
@@ -92,6 +103,6 @@ def _report(values: dict[str, Any], n: int, args: argparse.Namespace) -> None:
     for B in shown:
         line = f"{'*' if B == best else ' '} {str(list(B)):<14}{table[B]:>10.2f}"
         if args.monte_carlo:
-            line += f"{simulate(P, C, L, B, n, events=args.monte_carlo):>12.2f}"
+            line += f"{simulate(P, C, L, B, n, events=args.monte_carlo, handoff_s=handoff_s):>12.2f}"
         print(line)
     print(f"B* = {list(best)}  ({table[best]:.2f} tokens/s)")

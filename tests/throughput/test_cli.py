@@ -44,7 +44,21 @@ def test_yaml_file_and_top(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     (["--paper", "--L-ms", "6.05", "27.9"], "whole multiple"),
     (["--paper", "--B", "3", "3", "--N", "4"], "deadlock"),
     (["--P", "1,0;1,0"], "missing"),
+    (["--paper", "--no-chain"], "--no-chain needs --monte-carlo and --B"),
 ])
 def test_errors_exit_2_with_a_message(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["throughput", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_handoff_ms_and_the_simulation_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ping-pong between two servers 2 ms apart: 2 tokens per (4 + 12 + 2 * 2) ms = 100 tokens/s in the
+    chain and in the simulation; --no-chain prints the simulation only (the chain's column is nan)."""
+    spec = tmp_path / "pair.json"
+    spec.write_text(json.dumps({"P": [[0, 1], [1, 0]], "C": [[1, 1], [1, 1]], "L_ms": [4.0, 12.0],
+                                "delta_ms": 1.0, "N": 1}))
+    argv = ["throughput", "--file", str(spec), "--B", "1", "1", "--handoff-ms", "2", "--monte-carlo", "2000"]
+    assert main(argv) == 0
+    assert re.search(r"\* \[1, 1\]\s+100\.00\s+100\.0\d", capsys.readouterr().out)
+    assert main([*argv, "--no-chain"]) == 0
+    assert re.search(r"\* \[1, 1\]\s+nan\s+100\.0\d", capsys.readouterr().out)

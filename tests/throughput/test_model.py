@@ -182,3 +182,28 @@ def test_linear_solve_falls_back_to_lu_when_bicgstab_breaks_down() -> None:
     # BiCGSTAB breaks down on this permutation system at the first step.
     swap = sparse.csc_matrix(np.array([[0.0, 1.0], [1.0, 0.0]]))
     assert _linear_solve(swap, np.array([1.0, 0.0])).tolist() == [0.0, 1.0]
+
+
+def test_a_handoff_latency_in_ping_pong_adds_to_each_trip() -> None:
+    """One request alternating between two servers: every token waits a step and a network trip, so
+    both the chain and the simulation give 2 tokens per (L0 + L1 + 2 h); a handoff term that is
+    dropped, or added once per cycle, misses it by far."""
+    P, C, L, h = [[0.0, 1.0], [1.0, 0.0]], [[1, 1], [1, 1]], [4e-3, 12e-3], 2e-3
+    expected = 2 / (L[0] + L[1] + 2 * h)
+    assert predict(P, C, L, [1, 1], 1, 1e-3, handoff_s=h) == pytest.approx(expected, rel=1e-9)
+    assert simulate(P, C, L, [1, 1], 1, events=2_000, handoff_s=h) == pytest.approx(expected, rel=1e-3)
+
+
+def test_a_handoff_latency_costs_the_chain_at_least_what_it_costs_the_simulation() -> None:
+    """The chain delays every row of a model that hands off (it has no state for a row in transit),
+    the simulation only the rows that move: the chain's prediction is the lower one, both fall as
+    the latency grows, and with no latency both are the model without a network."""
+    P, C, L, B, N = [[0.9, 0.1], [0.8, 0.2]], [[1, 1], [1, 1]], [0.01, 0.03], [1, 1], 8
+    assert predict(P, C, L, B, N, 1e-3, handoff_s=0.0) == predict(P, C, L, B, N, 1e-3)
+    chained = [predict(P, C, L, B, N, 1e-3, handoff_s=h) for h in (0.0, 1e-3, 5e-3)]
+    simulated = [simulate(P, C, L, B, N, events=20_000, seed=1, handoff_s=h) for h in (0.0, 1e-3, 5e-3)]
+    assert chained == sorted(chained, reverse=True) and simulated == sorted(simulated, reverse=True)
+    assert all(c <= s * 1.02 for c, s in zip(chained, simulated))
+    assert chained[2] < 0.9 * simulated[2]  # the bound is loose where a step is short next to the trip
+    with pytest.raises(ValueError, match="handoff_s must be >= 0"):
+        predict(P, C, L, B, N, 1e-3, handoff_s=-1e-3)

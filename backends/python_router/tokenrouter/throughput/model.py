@@ -87,24 +87,35 @@ def chain_throughput(chain: Chain, unit_s: float) -> float:
 
 
 def solve(P: Matrix, C: Matrix, L: Sequence[Latency], B: Sequence[int], N: int, delta: float, *,
-          snap: bool = False, max_states: int = DEFAULT_MAX_STATES) -> Prediction:
+          snap: bool = False, max_states: int = DEFAULT_MAX_STATES, handoff_s: float = 0.0) -> Prediction:
     """T(B) with diagnostics. L[i] is seconds, or a list of seconds per batch size 1..N.
 
     Latencies must be whole multiples of ``delta`` unless ``snap`` rounds them to the grid. When
     the chain would exceed ``max_states`` states, the grid unit is doubled and latencies are
-    rounded to it until it fits; a ``CoarseGridWarning`` says so.
+    rounded to it until it fits; a ``CoarseGridWarning`` says so. ``handoff_s``: see ``with_handoff``.
     """
     p, c = check_matrices(P, C)
     N = check_population(N)
     B = check_thresholds(B, len(p), N)
-    latencies = latency_table(L, len(p), N)
+    latencies = with_handoff(latency_table(L, len(p), N), p, handoff_s)
     return _solve_on(p, c, latencies, make_grid(latencies, delta, snap), B, N, max_states)
 
 
 def predict(P: Matrix, C: Matrix, L: Sequence[Latency], B: Sequence[int], N: int, delta: float, *,
-            snap: bool = False) -> float:
+            snap: bool = False, handoff_s: float = 0.0) -> float:
     """Predicted decoding throughput in committed tokens per second (Appendix D)."""
-    return solve(P, C, L, B, N, delta, snap=snap).throughput
+    return solve(P, C, L, B, N, delta, snap=snap, handoff_s=handoff_s).throughput
+
+
+def with_handoff(latencies: np.ndarray, p: np.ndarray, handoff_s: float) -> np.ndarray:
+    """The chain's view of a per-handoff latency (models on different servers): added to the step of
+    every model whose rows may leave it, as if its step's results reached the other model that much
+    later. The chain has no state for a row in transit, so this also delays the rows that stay and
+    keeps the model busy meanwhile: an upper bound on the cost when most rows stay.
+    ``montecarlo.simulate(handoff_s=...)`` follows each handed-off row instead."""
+    if handoff_s < 0:
+        raise ValueError(f"handoff_s must be >= 0, got {handoff_s}")
+    return latencies + handoff_s * (np.diag(p) < 1)[:, None]
 
 
 def feasible_thresholds(M: int, N: int) -> Iterable[tuple[int, ...]]:
@@ -114,24 +125,25 @@ def feasible_thresholds(M: int, N: int) -> Iterable[tuple[int, ...]]:
 
 @overload
 def best_thresholds(P: Matrix, C: Matrix, L: Sequence[Latency], N: int, delta: float, *, snap: bool = ...,
-                    max_states: int = ..., yield_gil: bool = ...) -> tuple[list[int], dict[tuple[int, ...], float]]: ...
+                    max_states: int = ..., yield_gil: bool = ..., handoff_s: float = ...
+                    ) -> tuple[list[int], dict[tuple[int, ...], float]]: ...
 @overload
 def best_thresholds(P: Matrix, C: Matrix, L: Sequence[Latency], N: Iterable[int], delta: float, *,
-                    snap: bool = ..., max_states: int = ..., yield_gil: bool = ...
+                    snap: bool = ..., max_states: int = ..., yield_gil: bool = ..., handoff_s: float = ...
                     ) -> tuple[dict[int, list[int]], dict[int, dict[tuple[int, ...], float]]]: ...
-def best_thresholds(P, C, L, N, delta, *, snap=False, max_states=DEFAULT_MAX_STATES, yield_gil=False):
+def best_thresholds(P, C, L, N, delta, *, snap=False, max_states=DEFAULT_MAX_STATES, yield_gil=False, handoff_s=0.0):
     """B* = argmax T(B) over feasible B, and the table B -> T(B).
 
     With an iterable of N (e.g. ``range(1, 17)``), returns ``({N: B*}, {N: table})``. Ties go to
     the smaller thresholds (less waiting for the same throughput). ``yield_gil``: see ``build_chain``.
     """
     if isinstance(N, Iterable):
-        per_n = {n: best_thresholds(P, C, L, n, delta, snap=snap, max_states=max_states, yield_gil=yield_gil)
-                 for n in N}
+        per_n = {n: best_thresholds(P, C, L, n, delta, snap=snap, max_states=max_states, yield_gil=yield_gil,
+                                    handoff_s=handoff_s) for n in N}
         return {n: best for n, (best, _) in per_n.items()}, {n: table for n, (_, table) in per_n.items()}
     p, c = check_matrices(P, C)
     N = check_population(N)
-    latencies = latency_table(L, len(p), N)
+    latencies = with_handoff(latency_table(L, len(p), N), p, handoff_s)
     grid = make_grid(latencies, delta, snap)
     table: dict[tuple[int, ...], float] = {}
     for B in feasible_thresholds(len(p), N):
