@@ -81,7 +81,7 @@ def test_served_suite_compares_two_servers_with_one_and_each_delay_with_none(tin
     added to every peer message: paired ratios, the handoff messages counted on both servers, each
     node's processes in the CPU account, the transport's extra CPU per handoff message."""
     raw = load_config(TINY_CONFIG).model_dump()
-    raw["frontend"]["names"] = ["tokenrouter"]  # one front per server: this machine is shared
+    raw["frontend"].update(names=["tokenrouter"], one_token_per_response=[])  # one front per server: a shared machine
     result = run_served(load_config(raw), [2], Workload("short-long", (8, 16), 12, max_context=512), Timing(0.3, 1.5),
                         reps=2, systems=("served", "two-servers"), peer_delays_ms=(0.0, 2.0))
     assert result["systems"] == ["served", "two-servers", "two-servers+2ms"]
