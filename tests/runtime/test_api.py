@@ -15,7 +15,7 @@ from tokenrouter.runtime.api import GenerationError
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
-from tokenrouter.runtime.request import RequestError
+from tokenrouter.request_builder import RequestError
 
 
 @pytest.fixture(scope="module")

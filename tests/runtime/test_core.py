@@ -15,7 +15,8 @@ from tokenrouter.protocol import PeerMessage, RequestSpec, RequestView, Route
 from tokenrouter.runtime.admission import ServerBusy
 from tokenrouter.runtime.core import Limits, SubserverCore
 from tokenrouter.runtime.effects import Batch, Emit, Release, Routed, Send
-from tokenrouter.runtime.request import RequestError, Submission
+from tokenrouter.request_builder import RequestError
+from tokenrouter.runtime.request import Submission
 
 import pytest
 
