@@ -161,7 +161,8 @@ def test_three_models_match_the_reference(tiny_pair, tiny_config, mixed_prompts,
         results = engine.generate(prompts, max_tokens=10)
         forwards = {**references, "mid": references["slm"]}  # "mid" runs the small model's weights
         for prompt, result in zip(prompts, results):
-            spec = RequestSpec(prompt_len=len(prompt), max_tokens=10, end_ids=sorted(engine.engines["slm"].eos_token_ids))
+            spec = RequestSpec(prompt_len=len(prompt), max_tokens=10,
+                               end_ids=sorted(engine.engines["slm"].eos_token_ids))
             tokens, origins, _ = reference_generate(forwards, build_policy(engine.config), "slm", prompt, spec,
                                                     max_model_len=engine.max_model_len)
             assert result.token_ids == tokens

@@ -66,4 +66,5 @@ def test_the_docs_state_the_default() -> None:
     assert re.search(rf"\b{DEFAULT_MAX_TOKENS} when missing", row), row
     readme = (ROOT / "README.md").read_text()
     assert f"| `max_tokens` | INT32 | [1] | default {DEFAULT_MAX_TOKENS} |" in readme
-    assert f"`generate` takes `max_tokens` ({DEFAULT_MAX_TOKENS} when not given" in (ROOT / "docs/runtime.md").read_text()
+    runtime = (ROOT / "docs/runtime.md").read_text()
+    assert f"`generate` takes `max_tokens` ({DEFAULT_MAX_TOKENS} when not given" in runtime

@@ -44,7 +44,8 @@ OFF_ONLY = {
     "return_generation_logits": (False, "a routed response's tokens come from several models whose full "
                                         "distributions are not sent to the front; use return_log_probs"),
     "return_perf_metrics": (False, "per-request KV and timing figures are not collected across the routed models; "
-                                   "the metrics port has them per model (nv_trt_llm_*, tokenrouter_queue_wait_seconds)"),
+                                   "the metrics port has them per model "
+                                   "(nv_trt_llm_*, tokenrouter_queue_wait_seconds)"),
     "num_draft_tokens": (0, "draft-model speculative decoding is not supported"),
     "use_draft_logits": (False, "draft-model speculative decoding is not supported"),
 }
@@ -150,7 +151,8 @@ def _row_generations(row: _Row, index: int, count: int, text: TextInputs, decoup
             raise RequestError(f"{name} {value!r}: only {off!r} is accepted; {why}")
     length_penalty = row.value("length_penalty", 1.0)
     if not math.isfinite(length_penalty):
-        raise RequestError(f"length_penalty must be a finite number (it has no effect without beams), got {length_penalty}")
+        raise RequestError(f"length_penalty must be a finite number (it has no effect without beams), "
+                           f"got {length_penalty}")
     stream = bool(row.value("stream", False))
     if not decoupled and (stream or count > 1):
         what = "stream true" if stream else f"num_return_sequences {count}"

@@ -4,8 +4,9 @@ Two kinds of request reach a subserver model: a prompt (``input_ids`` and sampli
 model only), from a front model or from a client that tokenizes itself, and peer messages from the
 other subservers of this server or control calls (``peer_message``, authenticated by the server's
 secret, see peer_auth.py), or from a subserver on another server of the deployment (a link call,
-authenticated by the pair secret and put in order by peer_sessions.py). A front names its prompt by a key (with the secret) so that its
-control call can cancel it: Triton does not pass a client's cancellation on to a BLS request.
+authenticated by the pair secret and put in order by peer_sessions.py). A front names its prompt by a
+key (with the secret) so that its control call can cancel it: Triton does not pass a client's
+cancellation on to a BLS request.
 
 The bookkeeping rule that keeps Triton alive: a response sender is registered with the writer
 (which polls it for cancellation) only while the subserver owns the request. If anything raises
