@@ -6,7 +6,7 @@ Three places build a request, all through ``build_spec``: a front, from TensorRT
 missing ``max_tokens`` means ``DEFAULT_MAX_TOKENS`` on every path.
 
 Imports no engine and no torch (numpy and protocol.py only): the fronts and the pre/postprocessing
-models build and check requests without loading an engine (tests/unit/test_torch_free_imports.py).
+models build and check requests without loading an engine (tests/serving/test_torch_free_imports.py).
 """
 
 from __future__ import annotations
