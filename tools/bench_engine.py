@@ -171,8 +171,9 @@ def report(results: list[dict]) -> str:
         m = r.get("resume_ms")
         if m is None:
             continue
-        lines.append(f"| {r['role']} | {m['decode_1']:.0f} | " + " | ".join(f"{m[f'extend_{k}']:.0f}" for k in range(1, 5))
-                     + f" | {m['prefill_prefix+1']:.0f} | {m['prefill_prefix+4']:.0f} |")
+        extends = " | ".join(f"{m[f'extend_{k}']:.0f}" for k in range(1, 5))
+        lines.append(f"| {r['role']} | {m['decode_1']:.0f} | {extends}"
+                     f" | {m['prefill_prefix+1']:.0f} | {m['prefill_prefix+4']:.0f} |")
     return "\n".join(lines)
 
 

@@ -224,7 +224,8 @@ def report_engines(results: list[dict]) -> str:
             lines.append(f"| {r['role']} | {c['batch']} | {t['adapter']:.1f} | {t['native']:.1f} | {t['torch']:.1f} "
                          f"| {c['adapter_vs_native']:.2f}x | {c['adapter_vs_torch']:.2f}x | {s['adapter']:.0f} "
                          f"| {s['native']:.0f} | {same['native']}/{c['batch']}, {same['torch']}/{c['batch']} |")
-    lines += ["", "| model | decode step ms | extend k=1 | k=2 | k=3 | k=4 | worst extend / decode | prefill prefix+1 |",
+    lines += ["",
+              "| model | decode step ms | extend k=1 | k=2 | k=3 | k=4 | worst extend / decode | prefill prefix+1 |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         m = r.get("resume_ms")
@@ -249,7 +250,8 @@ def report_dtypes(results: list[dict]) -> str:
                      f"| {b[8]['decode_speedup']:.2f}x | {ratio['extend_1']:.2f}x | {ratio['extend_4']:.2f}x "
                      f"| {ratio['decode_1']:.2f}x |")
     lines.append("\ngreedy rows identical, bfloat16 vs float32: " + ", ".join(
-        f"{r['role']} batch {batch}: {c['rows_identical']}/{batch}" for r in results for batch, c in r["batches"].items()))
+        f"{r['role']} batch {batch}: {c['rows_identical']}/{batch}"
+        for r in results for batch, c in r["batches"].items()))
     return "\n".join(lines)
 
 
@@ -268,7 +270,8 @@ def report_routing(r: dict) -> str:
         per_rep = ", ".join(f"{x['tok_s']:.1f}" for x in runs)
         lines.append(f"| {ROUTING_LABELS[name]} | {per_rep} "
                      f"| {r['tok_s'][name]:.1f} | {r['large_share'][name]:.3f} "
-                     f"| {'-' if speedup is None else f'{speedup:.2f}x'} | {r['identical_rows'][name]}/{r['requests']} |")
+                     f"| {'-' if speedup is None else f'{speedup:.2f}x'} "
+                     f"| {r['identical_rows'][name]}/{r['requests']} |")
     return "\n".join(lines)
 
 
@@ -289,7 +292,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     # The default routes a fixed ~10 % of tokens: the share the target is stated at. A
     # signal-driven policy's share moves with the workload (GlimpRouter at 0.01 routed 41 % here).
     parser.add_argument("--policy", default="random")
-    parser.add_argument("--policy-params", default='{"rate": 0.1}', help="JSON; default: 10 %% of tokens to the large model")
+    parser.add_argument("--policy-params", default='{"rate": 0.1}',
+                        help="JSON; default: 10 %% of tokens to the large model")
     parser.add_argument("--cores", type=int, default=2, help="routing: cores to spread the models over")
     parser.add_argument("--served", action="store_true", help="routing: also TokenRouter served by Triton over gRPC")
     parser.add_argument("--worker", nargs=2, metavar=("ROLE", "PATH"), help=argparse.SUPPRESS)

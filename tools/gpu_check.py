@@ -148,7 +148,7 @@ def bench_torch(pair: dict[str, Path], plan: Plan) -> dict[str, Any]:
     finally:
         for engine in engines.values():
             engine.close()
-        del engines, models
+        engines = models = None  # frees them for free_memory (the lambda above holds these names)
         free_memory()
     return {"shapes": list(plan.bench_pair or ("tiny small", "tiny large")), **report}
 

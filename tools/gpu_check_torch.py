@@ -235,6 +235,6 @@ def check_shape(shape: str, plan: Plan, budget: Budget) -> dict[str, Any]:
     for name, part in parts:
         report[name] = run_part(part, budget)
     engine.close()
-    del engine, model
+    engine = model = None  # frees them for free_memory (the lambdas above hold these names)
     free_memory()
     return report

@@ -155,7 +155,7 @@ def exact_vllm_checks(engines: dict[str, Any], pair: dict[str, Path], plan: Plan
     report["routed_equals_reference"] = run_part(lambda: routed_equals_reference(
         {"slm": engines["small"], "llm": large}, {"slm": models["small"], "llm": models["large"]},
         mixed_prompts(plan.exact_prompts, vocab, seed=41), plan.exact_tokens, plan.route_rate), budget)
-    del models
+    models = None  # frees them for free_memory (the lambdas above hold this name)
     free_memory()
     return report
 

@@ -65,7 +65,8 @@ def pick_threshold(scores: torch.Tensor, labels: torch.Tensor, target_recall: fl
 
 
 @torch.no_grad()
-def predict(network: nn.Module, inputs: tuple[torch.Tensor, ...], index: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
+def predict(network: nn.Module, inputs: tuple[torch.Tensor, ...], index: torch.Tensor,
+            batch_size: int = 2048) -> torch.Tensor:
     network.eval()
     parts = [torch.sigmoid(network(*(x[index[s:s + batch_size]] for x in inputs)))
              for s in range(0, len(index), batch_size)]

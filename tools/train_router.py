@@ -30,7 +30,7 @@ from tokenrouter.policies.networks import build_network, count_parameters, save_
 from tokenrouter_engines.models import default_dest as models_dir
 
 from .router_data import confirm_divergence, corpus_files, make_corpus, position_index, stdlib_dir, teacher_force
-from .router_training import pick_threshold, roc_auc, split_by_chunk, train_network
+from .router_training import pick_threshold, split_by_chunk, train_network
 
 DEFAULT_SMALL = models_dir() / "qwen2.5-coder-0.5b-instruct"
 DEFAULT_LARGE = models_dir() / "qwen2.5-coder-1.5b-instruct"
@@ -74,7 +74,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--weight-decay", type=float, default=0.01)
     train.add_argument("--train-batch", type=int, default=256)
     train.add_argument("--val-fraction", type=float, default=0.2, help="share of chunks held out")
-    train.add_argument("--target-recall", type=float, default=0.95, help="threshold: lowest routing rate with this recall")
+    train.add_argument("--target-recall", type=float, default=0.95,
+                       help="threshold: lowest routing rate with this recall")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
 
@@ -144,7 +145,10 @@ def train_one(algo: str, args: argparse.Namespace, features: dict[str, torch.Ten
     """Train, pick the threshold, write the router; returns the summary row."""
     started = time.monotonic()
     hidden = features["small_hidden"]
-    labels = features["divergent"] if algo in ("r2r", "citer") else features["large_logp_next"] > features["small_logp_next"]
+    if algo in ("r2r", "citer"):
+        labels = features["divergent"]
+    else:
+        labels = features["large_logp_next"] > features["small_logp_next"]
     arch = _architecture(algo, args, hidden.shape[1], features["embedding"].shape[0])
     torch.manual_seed(args.seed)
     network = build_network(arch)
@@ -182,7 +186,8 @@ def train_one(algo: str, args: argparse.Namespace, features: dict[str, torch.Ten
 def print_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
     print(f"\ncorpus: {info['files']} files, {info['chunks']} chunks, {info['positions']} labelled positions; "
           f"small/large top-1 agreement {info['top1_agreement']:.3f}")
-    header = f"{'algo':8} {'pos.rate':>8} {'threshold':>10} {'recall':>7} {'route':>7} {'prec.':>7} {'val AUC':>8} {'train AUC':>9} {'s':>6}"
+    header = (f"{'algo':8} {'pos.rate':>8} {'threshold':>10} {'recall':>7} {'route':>7} {'prec.':>7} "
+              f"{'val AUC':>8} {'train AUC':>9} {'s':>6}")
     print(header)
     def auc(value: float | None, width: int) -> str:
         return f"{value:{width}.4f}" if value is not None else f"{'n/a':>{width}}"

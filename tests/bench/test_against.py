@@ -21,8 +21,8 @@ def served_result(throughput: dict[tuple[int, str], float]) -> dict:
 def test_ratios_are_of_neighbouring_runs_not_of_medians() -> None:
     """A machine that slows down between rounds moves both trees alike: the per-round ratios stay
     at 0.5 even though the median of new (20) over the median of base (100) would say 0.2."""
-    rounds = [{"base": {(64, "served"): b, (64, "embedded"): 10.0}, "new": {(64, "served"): b / 2, (64, "embedded"): 12.0}}
-              for b in (100.0, 40.0, 160.0)]
+    rounds = [{"base": {(64, "served"): b, (64, "embedded"): 10.0},
+               "new": {(64, "served"): b / 2, (64, "embedded"): 12.0}} for b in (100.0, 40.0, 160.0)]
     rows = {(r["clients"], r["system"]): r for r in against.compare_rounds(rounds)}
     assert rows[64, "served"]["ratios"] == [0.5, 0.5, 0.5] and rows[64, "served"]["ratio"] == 0.5
     assert rows[64, "served"]["base"] == [100.0, 40.0, 160.0]

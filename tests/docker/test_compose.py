@@ -61,7 +61,8 @@ def test_cpu_server_has_no_gpu_and_builds_on_the_plain_image_with_cpu_torch(comp
     cpu = compose["services"]["tokenrouter-cpu"]
     assert "deploy" not in cpu
     args = cpu["build"]["args"]
-    assert args["BASE_IMAGE"].endswith("-py3") and "vllm" not in args["BASE_IMAGE"] and "trtllm" not in args["BASE_IMAGE"]
+    base = args["BASE_IMAGE"]
+    assert base.endswith("-py3") and "vllm" not in base and "trtllm" not in base
     assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
     requirements = (ROOT / "requirements.txt").read_text().splitlines()
     assert set(args["BASE_PACKAGES"].split()) <= set(requirements)  # the CPU stack pinned as for CI
@@ -175,7 +176,7 @@ def test_dockerfile_keeps_the_image_and_installs_through_the_constraints(dockerf
     assert 'if [ -n "${REMOVE_PACKAGES}" ]' in uninstalls[0]
     assert "ENTRYPOINT" not in dockerfile  # NVIDIA's entrypoint (CUDA compat libs) stays
     assert "LD_LIBRARY_PATH" not in dockerfile
-    assert f'HEALTHCHECK' in dockerfile and f'CMD ["python3", "{APP}/docker/healthcheck.py"]' in dockerfile
+    assert 'HEALTHCHECK' in dockerfile and f'CMD ["python3", "{APP}/docker/healthcheck.py"]' in dockerfile
     assert f"{APP}/backends/python_router/model.py /opt/tritonserver/backends/python_router/model.py" in dockerfile
     for copied in ("backends", "engines", "tools", "configs", "model_repository"):
         assert f"COPY {copied} ./{copied}" in dockerfile and (ROOT / copied).is_dir()
@@ -238,8 +239,10 @@ def test_compose_config_validates_and_resolves_profiles(tmp_path: Path) -> None:
     if command is None:
         pytest.skip("no Compose implementation installed (docker compose plugin or docker-compose); "
                     "the structure tests above still ran")
-    run = lambda *args: subprocess.run([*command, "-f", str(COMPOSE), *args], capture_output=True, text=True,
-                                       cwd=DOCKER)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*command, "-f", str(COMPOSE), *args], capture_output=True, text=True, cwd=DOCKER)
+
     checked = run("config", "-q")
     assert checked.returncode == 0, checked.stderr
     services = sorted(run("--profile", "gpu", "config", "--services").stdout.split())

@@ -6,10 +6,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from tritonclient.grpc import model_config_pb2 as mc
 
 from tokenrouter.config import load_config
-from tokenrouter.serving.repository import read_model_config, render_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIGS = sorted((ROOT / "configs").glob("*gpu*.yaml"))

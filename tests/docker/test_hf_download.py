@@ -46,7 +46,8 @@ def test_download_fetches_both_official_repositories_into_hf_folders(tmp_path, h
                                                          tmp_path / "hf" / "Qwen2.5-Coder-1.5B-Instruct"]
     patterns = hub_calls[0]["allow_patterns"]
     assert "*.safetensors" in patterns and "*.json" in patterns and "*.gguf" not in patterns
-    assert capsys.readouterr().out.splitlines() == [f"{role}\t{checkpoint_dir(tmp_path, role)}" for role in OFFICIAL_CHECKPOINTS]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [f"{role}\t{checkpoint_dir(tmp_path, role)}" for role in OFFICIAL_CHECKPOINTS]
 
 
 def test_download_one_role_at_a_revision(tmp_path, hub_calls) -> None:

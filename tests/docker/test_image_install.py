@@ -33,10 +33,11 @@ KEPT = {"torch", "transformers", "vllm"}
 def _wheel(folder: Path, name: str, version: str, requires: list[str] = (), extras: list[str] = ()) -> None:
     """A minimal pure-Python wheel that pip can resolve and install (metadata only)."""
     dist = f"{name.replace('-', '_')}-{version}"
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Provides-Extra: {extra}" for extra in extras] + [f"Requires-Dist: {r}" for r in requires]
     files = {f"{dist}.dist-info/METADATA": "\n".join(meta) + "\n",
-             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                         "Tag: py3-none-any\n"}
     files[f"{dist}.dist-info/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{dist}.dist-info/RECORD"])
     with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as archive:
         for path, text in files.items():

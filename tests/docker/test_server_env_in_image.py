@@ -13,7 +13,8 @@ COMPAT = "/usr/local/cuda/compat/lib.real"  # where the entrypoint puts CUDA for
 
 
 def test_a_system_triton_keeps_the_images_library_path() -> None:
-    install = TritonInstall(binary=Path("/opt/tritonserver/bin/tritonserver"), backends=Path("/opt/tritonserver/backends"))
+    install = TritonInstall(binary=Path("/opt/tritonserver/bin/tritonserver"),
+                            backends=Path("/opt/tritonserver/backends"))
     env = server_env(install, base={"LD_LIBRARY_PATH": COMPAT, "PATH": "/usr/bin"})
     assert env["LD_LIBRARY_PATH"] == COMPAT
 

@@ -71,7 +71,8 @@ def render_echo_repository(out: Path, tokenizer: Path, *, chat_template: bool = 
 
 
 @pytest.fixture(scope="module")
-def echo_server(start_server: StartServer, tiny_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
+def echo_server(start_server: StartServer, tiny_tokenizer: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
     return start_server(render_echo_repository(tmp_path_factory.mktemp("echo-repo"), tiny_tokenizer))
 
 

@@ -248,7 +248,8 @@ def test_bad_input_fails_that_request_only(echo_server, values: dict, message: s
                                         ("return_log_probs", np.array([[1]], dtype=np.int32)),
                                         ("repetition_penalty", np.array([[1.0]], dtype=np.float64))])
 def test_a_wrong_dtype_is_refused_by_name(echo_server, name: str, array: np.ndarray) -> None:
-    with pytest.raises(InferenceServerException, match=f"(?i){name}.*(data-type|datatype)|(data-type|datatype).*{name}"):
+    refusal = f"(?i){name}.*(data-type|datatype)|(data-type|datatype).*{name}"
+    with pytest.raises(InferenceServerException, match=refusal):
         grpc_stream(echo_server.grpc_url, {**inputs(text_input="x"), name: array})
 
 

@@ -122,7 +122,10 @@ def test_the_decoupled_and_the_unary_front_serve_the_same_output(server, embedde
     """Both modes of the front (every name in frontend.names renders the same front: test_repository.py)."""
     expected = embedded.generate(PROMPTS[2], max_tokens=16, seed=8)[0]
     values = inputs(text_input=PROMPTS[2], max_tokens=16, seed=8, exclude_input_in_output=True)
-    reply = grpc_infer(server.grpc_url, values, model) if model == UNARY else grpc_stream(server.grpc_url, values, model)[0]
+    if model == UNARY:
+        reply = grpc_infer(server.grpc_url, values, model)
+    else:
+        reply = grpc_stream(server.grpc_url, values, model)[0]
     assert (reply.ids, reply.models, reply.text) == (expected.token_ids, expected.models, expected.text)
 
 
@@ -176,7 +179,8 @@ SEED_PATHS = {  # every way a client sends a seed -> the tokens served for PROMP
         UNARY).ids,
     "second row of a batch, seed": lambda server, seed: [i for r in grpc_stream(server.grpc_url, batch(
         inputs(text_input=PROMPTS[0], seed=seed + 100, stream=True, **SEEDED),
-        inputs(text_input=PROMPTS[1], seed=seed, stream=True, **SEEDED))) if r["batch_index"][0][0] == 1 for i in r.ids],
+        inputs(text_input=PROMPTS[1], seed=seed, stream=True, **SEEDED)))
+        if r["batch_index"][0][0] == 1 for i in r.ids],
 }
 
 
@@ -201,7 +205,8 @@ SAMPLING_INPUTS = [{name: value for name, value in zip(("temperature", "top_k", 
                    for values in itertools.product((None, 0.0, 0.7), (None, 0, 5), (None, 0.0, 0.9))]
 
 
-@pytest.mark.parametrize("sent", SAMPLING_INPUTS, ids=lambda sent: ",".join(f"{k}={v}" for k, v in sent.items()) or "none")
+@pytest.mark.parametrize("sent", SAMPLING_INPUTS,
+                         ids=lambda sent: ",".join(f"{k}={v}" for k, v in sent.items()) or "none")
 def test_greedy_or_sampled_as_tensorrt_llm_decides(server, embedded, sent):
     """Every combination of temperature / top_k / top_p sent or not: the embedded engine's greedy
     tokens where TensorRT-LLM is greedy, other tokens where it samples (same seed, so the same

@@ -177,7 +177,8 @@ def test_killing_the_large_models_server_ends_its_requests_clearly_and_the_deplo
     other = config.model_copy(update={"scheduling": config.scheduling.model_copy(update={"max_active": 32})})
     deployment.start("llm", other)  # back, but with another deployment's settings: refused, naming the value
     time.sleep(2.0)
-    with pytest.raises(InferenceServerException, match="scheduling.max_active: 32 at 'llm' at 127.0.0.1:\\d+, 64 at 'slm'"):
+    disagreement = "scheduling.max_active: 32 at 'llm' at 127.0.0.1:\\d+, 64 at 'slm'"
+    with pytest.raises(InferenceServerException, match=disagreement):
         stream_ids(entry, PROMPTS[0], max_tokens=4)
     assert metrics(entry).get(CONNECTED.format(model="slm", peer="llm")) == 0
     deployment.kill("llm")

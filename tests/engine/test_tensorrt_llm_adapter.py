@@ -161,8 +161,9 @@ class FakeResult:
 class FakeLLM:
     instances: list["FakeLLM"] = []
 
-    def __init__(self, model: Any, tokenizer: Any = None, tokenizer_mode: str = "auto", skip_tokenizer_init: bool = False,
-                 trust_remote_code: bool = False, tensor_parallel_size: int = 1, dtype: str = "auto",
+    def __init__(self, model: Any, tokenizer: Any = None, tokenizer_mode: str = "auto",
+                 skip_tokenizer_init: bool = False, trust_remote_code: bool = False, tensor_parallel_size: int = 1,
+                 dtype: str = "auto",
                  revision: Any = None, tokenizer_revision: Any = None, **kwargs: Any) -> None:
         _keywords_only("LLM", LLM_ARGS, kwargs)
         self.arguments = {"model": model, "skip_tokenizer_init": skip_tokenizer_init, "dtype": dtype, **kwargs}

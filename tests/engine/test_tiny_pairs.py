@@ -1,4 +1,5 @@
-"""Tiny model pairs: complete offline HF folders, one tokenizer, byte-identical from a seed, safe to build in parallel."""
+"""Tiny model pairs: complete offline HF folders, one tokenizer, byte-identical from a seed, safe to build in
+parallel."""
 
 from __future__ import annotations
 

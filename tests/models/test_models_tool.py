@@ -229,7 +229,8 @@ def test_marker_detects_complete_and_broken_folders(tmp_path: Path) -> None:
     weights = folder / "model.safetensors"
     weights.write_bytes(b"WEIGHTS" * 100)  # same size, other bytes: only a re-hash sees it
     assert check_converted(folder, recipe, model) == []
-    assert check_converted(folder, recipe, model, rehash=True) == ["model.safetensors does not match its recorded sha256"]
+    mismatch = ["model.safetensors does not match its recorded sha256"]
+    assert check_converted(folder, recipe, model, rehash=True) == mismatch
     weights.write_bytes(b"short")
     assert "model.safetensors has 5 B" in check_converted(folder, recipe, model)[0]
     (folder / MARKER).unlink()

@@ -57,7 +57,8 @@ def send(policy: RoutingPolicy, request: RequestState, peer: str) -> PeerMessage
     return policy.send(request.view(), peer)
 
 
-def step(batch: Sequence[RequestState], logits: Sequence[torch.Tensor], hidden: torch.Tensor | None = None) -> StepOutput:
+def step(batch: Sequence[RequestState], logits: Sequence[torch.Tensor],
+         hidden: torch.Tensor | None = None) -> StepOutput:
     """A step output whose sampled tokens are the greedy argmax; sets each view's sampled_token."""
     stacked = torch.stack(list(logits)).float()
     sampled = stacked.argmax(dim=-1)

@@ -25,7 +25,8 @@ def test_normalized_entropy_bounds():
 def test_r_stitch_drops_the_uncertain_small_token_and_large_returns_when_confident():
     policy = create_policy("r_stitch", MODELS, "small", {"threshold": 0.3})
     confident, uncertain = view(tokens=[1, 2, 3], rid="a"), view(tokens=[4, 5, 6], rid="b")
-    assert route(policy, [confident, uncertain], step([confident, uncertain], [peaked(8), flat(9)])) == ["small", "large"]
+    both = [confident, uncertain]
+    assert route(policy, both, step(both, [peaked(8), flat(9)])) == ["small", "large"]
     message = roundtrip(send(policy, uncertain, "large"))
     assert message.tokens == [4, 5, 6]  # the SLM's uncertain token 9 is dropped: the LLM regenerates it
     on_large = view("large", tokens=[4, 5, 6], state=message.state)
@@ -41,7 +42,7 @@ def test_r_stitch_decision_does_not_depend_on_the_batch():
     logits = [flat(1), peaked(2, 3.0), peaked(3, 1.5), torch.randn(32, generator=torch.Generator().manual_seed(1))]
     batch = [view(rid=str(i)) for i in range(4)]
     together = route(policy, batch, step(batch, logits))
-    assert together == [route(policy, [r], step([r], [l]))[0] for r, l in zip(batch, logits)]
+    assert together == [route(policy, [r], step([r], [row_logits]))[0] for r, row_logits in zip(batch, logits)]
 
 
 def test_glimp_defers_a_whole_step_on_an_uncertain_first_token():

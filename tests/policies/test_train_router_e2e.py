@@ -15,8 +15,9 @@ from tokenrouter.policies.base import RequestView, StepOutput
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.launch.cli import main
 
-QUICK = ["--max-files", "40", "--max-tokens", "1200", "--seq-len", "64", "--epochs", "8", "--lr", "3e-3", "--train-batch", "64",
-         "--d-model", "32", "--blocks", "1", "--head-width", "32", "--top-k", "16", "--threads", "1"]
+QUICK = ["--max-files", "40", "--max-tokens", "1200", "--seq-len", "64", "--epochs", "8", "--lr", "3e-3",
+         "--train-batch", "64", "--d-model", "32", "--blocks", "1", "--head-width", "32", "--top-k", "16",
+         "--threads", "1"]
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,8 @@ def assert_cancelled_and_idle(server, before: dict[str, float], count: int, sinc
         busy = wait_for_idle_pools(server, timeout_s=0)
         if cancelled == count and not busy:
             return
-        assert time.monotonic() - since < WITHIN_S, f"after {WITHIN_S} s: {cancelled} of {count} cancelled, busy: {busy}"
+        assert time.monotonic() - since < WITHIN_S, \
+            f"after {WITHIN_S} s: {cancelled} of {count} cancelled, busy: {busy}"
         time.sleep(0.05)
 
 
@@ -58,7 +59,8 @@ def wait_until_held(server, count: int, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         now = metrics(server)
-        held = now.get('tokenrouter_active_requests{model="slm"}', 0) + now.get('tokenrouter_queue_depth{model="slm"}', 0)
+        held = (now.get('tokenrouter_active_requests{model="slm"}', 0)
+                + now.get('tokenrouter_queue_depth{model="slm"}', 0))
         if held == count:
             return
         assert time.monotonic() < deadline, f"the entry holds {held} requests, expected {count}"
@@ -113,7 +115,8 @@ def test_fifty_cancelled_streams_running_and_queued_free_everything(routing_serv
         now = metrics(routing_server)
         queued = now.get('tokenrouter_queue_depth{model="slm"}', 0)
         held = now.get('tokenrouter_active_requests{model="slm"}', 0) + queued
-        if held + sum(ended_since(now, before).values()) >= 50 and queued > 0:  # >=: an earlier test's last request may end in between
+        # >=: an earlier test's last request may end in between
+        if held + sum(ended_since(now, before).values()) >= 50 and queued > 0:
             break
         assert time.monotonic() < deadline, f"held {held}, queued {queued}, ended {ended_since(now, before)}"
         time.sleep(0.1)

@@ -49,7 +49,8 @@ def test_a_killed_stub_fails_its_requests_and_the_server_serves_again(served, mo
     restarts_before = len(log)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         streams = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
-                                                              max_tokens=1000, min_tokens=1000, random_seed=i), timeout_s=120) for i in range(8)]
+                                                        max_tokens=1000, min_tokens=1000, random_seed=i),
+                               timeout_s=120) for i in range(8)]
         time.sleep(1.0)  # under load
         os.kill(before[model], signal.SIGKILL)
         killed_at = time.monotonic()

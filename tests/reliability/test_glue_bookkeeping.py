@@ -20,7 +20,7 @@ import pytest
 
 from tokenrouter.protocol import PeerMessage, encode_batch
 from tokenrouter.runtime.admission import ServerBusy
-from tokenrouter.runtime.request import RequestError
+from tokenrouter.request_builder import RequestError
 from tokenrouter.serving.subserver.intake import SubserverIntake
 from tokenrouter.serving.peer_auth import front_request_parameters, peer_parameters
 from tokenrouter.serving.subserver.subserver_writer import SubserverWriter

@@ -79,8 +79,8 @@ def test_a_dead_loop_fails_its_requests_marks_the_server_not_ready_and_heals(tmp
         assert _ready(http_url)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             streams = [pool.submit(grpc_stream, grpc_url, inputs(text_input=PROMPTS[i], stream=True,
-                                                                  max_tokens=1000, min_tokens=1000, random_seed=i), timeout_s=120)
-                       for i in range(4)]
+                                                                  max_tokens=1000, min_tokens=1000, random_seed=i),
+                                   timeout_s=120) for i in range(4)]
             time.sleep(1.0)  # every stream is decoding, and the tiny routing policy hands tokens to llm
             trigger.touch()
             broken_at = time.monotonic()

@@ -102,7 +102,7 @@ def test_hostile_fan_out_is_refused_at_once_while_bystanders_finish(routing_serv
         bystanders = [pool.submit(stream_ids, routing_server, PROMPTS[1], max_tokens=24, min_tokens=24)
                       for _ in range(4)]
         start = time.monotonic()
-        with pytest.raises(InferenceServerException, match=message) as refused:
+        with pytest.raises(InferenceServerException, match=message):
             grpc_stream(routing_server.grpc_url, arrays)
         took = time.monotonic() - start
         assert [b.result(timeout=300) for b in bystanders] == [expected] * 4

@@ -57,7 +57,8 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
         assert regions, "the server's stubs should have shared-memory regions"
         with concurrent.futures.ThreadPoolExecutor(STREAMS + 2) as pool:
             streams = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
-                                                                  max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, random_seed=i),
+                                                            max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS,
+                                                            random_seed=i),
                                    timeout_s=120)
                        for i in range(STREAMS)]
             openai_streams = [pool.submit(_openai_stream, launcher.openai_port, seed) for seed in range(2)]
@@ -139,8 +140,8 @@ def test_requests_that_outlast_the_drain_timeout_end_with_a_clear_reason(tmp_pat
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             # 1000 tokens (min_tokens: no early eos) take the tiny pair far longer than the 1 s drain
             streams = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
-                                                                  max_tokens=1000, min_tokens=1000, random_seed=i), timeout_s=120)
-                       for i in range(6)]
+                                                            max_tokens=1000, min_tokens=1000, random_seed=i),
+                                   timeout_s=120) for i in range(6)]
             time.sleep(1.0)
             launcher.send_signal(signal.SIGTERM)
             outcomes = [_outcome(stream) for stream in streams]

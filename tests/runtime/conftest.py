@@ -17,8 +17,10 @@ def _tiny_config(pair: dict[str, Path], policy: str = "slm_only", params: dict[s
                 max_wait_ms: float = 20.0, kv_tokens: int = 8192, **extra: Any) -> dict[str, Any]:
     return {
         "models": {
-            "slm": {"path": str(pair["small"]), "kv_cache_tokens": kv_tokens, "block_size": 8, "batch_threshold": slm_b},
-            "llm": {"path": str(pair["large"]), "kv_cache_tokens": kv_tokens, "block_size": 8, "batch_threshold": llm_b},
+            "slm": {"path": str(pair["small"]), "kv_cache_tokens": kv_tokens, "block_size": 8,
+                    "batch_threshold": slm_b},
+            "llm": {"path": str(pair["large"]), "kv_cache_tokens": kv_tokens, "block_size": 8,
+                    "batch_threshold": llm_b},
         },
         "policy": {"name": policy, "params": params or {}},
         "scheduling": {"strategy": strategy, "max_active": max_active, "max_wait_ms": max_wait_ms},

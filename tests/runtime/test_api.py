@@ -15,7 +15,7 @@ from tokenrouter.runtime.api import GenerationError
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
-from tokenrouter.runtime.request import RequestError
+from tokenrouter.request_builder import RequestError
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,8 @@ def test_three_models_match_the_reference(tiny_pair, tiny_config, mixed_prompts,
         results = engine.generate(prompts, max_tokens=10)
         forwards = {**references, "mid": references["slm"]}  # "mid" runs the small model's weights
         for prompt, result in zip(prompts, results):
-            spec = RequestSpec(prompt_len=len(prompt), max_tokens=10, end_ids=sorted(engine.engines["slm"].eos_token_ids))
+            spec = RequestSpec(prompt_len=len(prompt), max_tokens=10,
+                               end_ids=sorted(engine.engines["slm"].eos_token_ids))
             tokens, origins, _ = reference_generate(forwards, build_policy(engine.config), "slm", prompt, spec,
                                                     max_model_len=engine.max_model_len)
             assert result.token_ids == tokens

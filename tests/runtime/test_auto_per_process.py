@@ -20,7 +20,8 @@ from tokenrouter.runtime.transport import InProcessTransport
 CONFIG = {
     "models": {
         # A large model whose step cost is almost all fixed: batching it pays, so B* > 1 there.
-        "slm": {"engine": "simulated", "profile": {"base": "tiny-cpu-small", "base_ms": 0.5}, "batch_threshold": "auto"},
+        "slm": {"engine": "simulated", "profile": {"base": "tiny-cpu-small", "base_ms": 0.5},
+                "batch_threshold": "auto"},
         "llm": {"engine": "simulated", "profile": {"base": "tiny-cpu-large", "base_ms": 8.0, "per_row_ms": 0.05},
                 "batch_threshold": "auto"},
     },
@@ -54,7 +55,8 @@ def test_each_process_estimator_solves_from_shared_observations_and_applies_b_ab
         servers[name] = build_subserver(config, name, engine, build_policy(config), transport, strategy,
                                         max_model_len=engine.max_model_len, capacities=capacities)
         transport.connect(name, servers[name].deliver)
-    estimators = {name: next(o for o in s.observers if isinstance(o, ThresholdFeed)).auto for name, s in servers.items()}
+    estimators = {name: next(o for o in s.observers if isinstance(o, ThresholdFeed)).auto
+                  for name, s in servers.items()}
     assert estimators["slm"] is not estimators["llm"]
     for server in servers.values():
         server.start()
@@ -62,7 +64,8 @@ def test_each_process_estimator_solves_from_shared_observations_and_applies_b_ab
         sink, submitted, deadline = Done(), 0, time.monotonic() + 60
         while not all(auto.generation >= 1 for auto in estimators.values()) and time.monotonic() < deadline:
             while submitted - sink.finished < 8:
-                servers["slm"].submit(f"r{submitted}", [3 + submitted % 50, 7, 9], RequestSpec(prompt_len=3, max_tokens=24), sink)
+                servers["slm"].submit(f"r{submitted}", [3 + submitted % 50, 7, 9],
+                                      RequestSpec(prompt_len=3, max_tokens=24), sink)
                 submitted += 1
             time.sleep(0.05)
         assert all(auto.generation >= 1 for auto in estimators.values()), \

@@ -15,7 +15,8 @@ from tokenrouter.protocol import PeerMessage, RequestSpec, RequestView, Route
 from tokenrouter.runtime.admission import ServerBusy
 from tokenrouter.runtime.core import Limits, SubserverCore
 from tokenrouter.runtime.effects import Batch, Emit, Release, Routed, Send
-from tokenrouter.runtime.request import RequestError, Submission
+from tokenrouter.request_builder import RequestError
+from tokenrouter.runtime.request import Submission
 
 import pytest
 
@@ -499,7 +500,8 @@ def test_a_handoff_past_the_known_context_ends_that_request_with_an_error():
     a.tick(0.0)
     policy.plan[("a", "r0")] = "b"
     step(a, a.schedule(0.0), [9])
-    effects = run(a.on_message(PeerMessage(kind="handoff", rid="r0", sender="b", anchor=7, tokens=[1], origins=[1]), 0.0))
+    past = PeerMessage(kind="handoff", rid="r0", sender="b", anchor=7, tokens=[1], origins=[1])
+    effects = run(a.on_message(past, 0.0))
     assert a.stats.dropped_messages == {"anchor past the known context": 1}
     assert sink.finish == "error" and "did not fit" in sink.error and Release("r0") in effects
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenrouter.runtime.request import RequestError, validate_sampling
+from tokenrouter.request_builder import RequestError, validate_sampling
 
 BASE = {"max_tokens": np.int32(8), "temperature": np.float32(0.7), "top_p": np.float32(0.0), "top_k": np.int32(0)}
 

@@ -63,7 +63,10 @@ def test_each_node_renders_its_own_models_and_the_fronts_go_with_the_entry(tiny_
     config = load_config(split(tiny_pair))
     entry = render_repository(config, tmp_path / "slm", only=["slm"])
     large = render_repository(config, tmp_path / "llm", only=["llm"])
-    models = lambda repo: sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file())
+
+    def models(repo: Path) -> list[str]:
+        return sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file())
+
     assert models(entry) == ["ensemble", "postprocessing", "preprocessing", "routing_policy", "slm",
                              "tensorrt_llm", "tensorrt_llm_bls", "tokenrouter"]
     assert models(large) == ["llm", "routing_policy"]
@@ -129,8 +132,10 @@ def test_build_repository_renders_a_node_only_when_the_other_node_agrees(tiny_pa
     same.write_text(yaml.safe_dump(split(tiny_pair, **{"models.slm.cpus": [0]})))
     other.write_text(yaml.safe_dump(split(tiny_pair, **{"policy.params": {"rate": 0.9, "seed": 1}})))
     assert main(["build-repository", str(same), str(tmp_path / "slm"), "--only", "slm"]) == 0
-    assert main(["build-repository", str(mine), str(tmp_path / "bad"), "--only", "llm", "--agree-with", str(other)]) == 2
-    assert 'policy.params: {"rate": 0.3, "seed": 1} in this config, {"rate": 0.9, "seed": 1} in ' in capsys.readouterr().err
+    assert main(["build-repository", str(mine), str(tmp_path / "bad"), "--only", "llm",
+                 "--agree-with", str(other)]) == 2
+    disagreement = 'policy.params: {"rate": 0.3, "seed": 1} in this config, {"rate": 0.9, "seed": 1} in '
+    assert disagreement in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
     for agreeing in (same, tmp_path / "slm"):
         assert main(["build-repository", str(mine), str(tmp_path / "llm"), "--only", "llm",

@@ -54,7 +54,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     _common(p, reps=1)
 
-    p = suites.add_parser("served", help="served (Triton gRPC) vs embedded vs the OpenAI server on one config (issues 4, 14, 26)")
+    p = suites.add_parser("served", help="served (Triton gRPC) vs embedded vs the OpenAI server on one config "
+                                         "(issues 4, 14, 26)")
     p.add_argument("--config", type=Path, help="YAML config (default: configs/tiny.yaml on the tiny pair; "
                                               "configs/sim-a100.yaml: the simulated A100 pair)")
     p.add_argument("--clients", type=int, nargs="+", default=[8], help="concurrencies, all on one server")

@@ -29,8 +29,6 @@ from concurrent import futures
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from tokenrouter.protocol import PeerMessage, decode_batch, encode_batch
 from tokenrouter.serving.repository import model_config, write_model
 from tokenrouter.serving.schema import PEER_INPUT, SUBSERVER_INPUTS

@@ -184,7 +184,8 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
         # over the whole run (warm-up included), per output token; the OpenAI server counts only where it works
         tokens = max(1, sum(r.output_tokens for r in result.records))
         cpu = {where: 1e3 * (seconds - cpu_before.get(where, 0.0)) / tokens
-               for where, seconds in cpu_seconds(system).items() if system == "openai" or not where.endswith(OPENAI_SERVER)}
+               for where, seconds in cpu_seconds(system).items()
+               if system == "openai" or not where.endswith(OPENAI_SERVER)}
         row["cpu_ms_per_token"] = {"this process": cpu.pop("this process"), "server": sum(cpu.values()),
                                    "server by process": cpu}
         if served:
@@ -194,7 +195,8 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
             for where in after:  # each model's numbers come from its own server
                 row["peer_send"].update(prometheus.histogram_delta(before[where], after[where], PEER_HISTOGRAM))
                 row["triton_queue"].update(prometheus.triton_queue_delta(before[where], after[where]))
-                handoffs += sum(prometheus.counter_delta(before[where], after[where], HANDOFFS, direction="out").values())
+                moved = prometheus.counter_delta(before[where], after[where], HANDOFFS, direction="out")
+                handoffs += sum(moved.values())
             row["handoffs_per_token"] = handoffs / tokens
             # what the writer's rounds did: output tokens per streamed response, as the client saw them
             row["tokens_per_response"] = tokens / max(1, sum(len(r.arrivals) for r in result.records))

@@ -13,7 +13,7 @@ import time
 from typing import Callable, Generic, Protocol, TypeVar
 
 from tokenrouter.runtime.api import TokenRouter
-from tokenrouter.runtime.request import RequestError
+from tokenrouter.request_builder import RequestError
 
 from .records import Prompt, RequestRecord
 

@@ -182,7 +182,8 @@ class RequestView:
     def num_generated(self) -> int:
         return len(self.token_ids) - self.prompt_len
 
-    def message_to(self, peer: str, *, keep_sampled: bool = True, state: Mapping[str, Any] | None = None) -> PeerMessage:
+    def message_to(self, peer: str, *, keep_sampled: bool = True,
+                   state: Mapping[str, Any] | None = None) -> PeerMessage:
         """The handoff to ``peer``: every committed token ``peer`` has not seen, plus the sampled
         token when ``keep_sampled`` (then it is committed here, attributed to this model)."""
         keep = keep_sampled and self.sampled_token is not None

@@ -111,7 +111,8 @@ class StepLayout:
 
         row_of_token = torch.repeat_interleave(torch.arange(len(counts)), counts_t)
         positions = starts_t[row_of_token] + torch.arange(int(counts_t.sum())) - offsets[row_of_token]
-        slot_mapping = _padded(block_tables)[row_of_token, positions // block_size] * block_size + positions % block_size
+        blocks = _padded(block_tables)[row_of_token, positions // block_size]
+        slot_mapping = blocks * block_size + positions % block_size
 
         groups = []
         for rows in query_groups(counts):

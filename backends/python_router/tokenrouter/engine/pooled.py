@@ -41,7 +41,8 @@ def check_rows(rows: Sequence[StepRow], *, top_logits: int, vocab_size: int, max
             raise ValueError(f"sequence {row.seq_id!r}: token ids must lie in [0, {vocab_size}), "
                              f"got {min(new)}..{max(new)}")
         if length + len(new) > max_model_len:
-            raise ValueError(f"sequence {row.seq_id!r}: {length + len(new)} tokens exceed max_model_len {max_model_len}")
+            raise ValueError(f"sequence {row.seq_id!r}: {length + len(new)} tokens exceed max_model_len "
+                             f"{max_model_len}")
         tokens.append(new)
     return tokens
 

@@ -15,7 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "throughput": ("tokenrouter_tools.throughput_cli", "predict throughput and the best batch thresholds"),
     "bench": ("tokenrouter_tools.bench", "run the benchmark suite"),
     "bench-engine": ("tokenrouter_tools.bench_engine", "our engine vs transformers generate on the same weights"),
-    "bench-vllm": ("tokenrouter_tools.bench_vllm", "vLLM step engine vs vLLM native vs torch; routing vs the large model alone"),
+    "bench-vllm": ("tokenrouter_tools.bench_vllm",
+                   "vLLM step engine vs vLLM native vs torch; routing vs the large model alone"),
     "train-router": ("tokenrouter_tools.train_router", "train a router for a model pair"),
     "quality": ("tokenrouter_tools.quality_bench", "HumanEval pass@1 per policy on the real pair"),
 }

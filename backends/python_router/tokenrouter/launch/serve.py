@@ -58,8 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="serve DIR as it is; with --config/--tiny: render into DIR "
                              "(default: model_repository/, or .runtime/repositories/<name> when rendering)")
     parser.add_argument("--only", type=lambda text: text.split(","), metavar="MODEL[,MODEL]",
-                        help="with --config: serve only this node's models (those that share one models.<name>.server), "
-                             "and the fronts when the entry model is one of them")
+                        help="with --config: serve only this node's models (those that share one "
+                             "models.<name>.server), and the fronts when the entry model is one of them")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only); 0.0.0.0 opens the "
                              "server to the network, which has no authentication of its own")

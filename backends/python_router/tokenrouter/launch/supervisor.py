@@ -107,8 +107,8 @@ class Supervisor:
 
     def _restart(self, cause: str, dead: list[str]) -> None:
         delay = self._next_delay_s()
-        self._say(f"{cause}; ending the requests in flight and restarting tritonserver"
-                  + (f" in {delay:g} s ({len(self._restarts)} restarts within {RESTART_WINDOW_S:g} s)" if delay else ""))
+        when = f" in {delay:g} s ({len(self._restarts)} restarts within {RESTART_WINDOW_S:g} s)" if delay else ""
+        self._say(f"{cause}; ending the requests in flight and restarting tritonserver{when}")
         if self._end_in_flight(f"{cause}; the server is restarting, try again", dead):
             time.sleep(ERRORS_GRACE_S)
         # Killed at once: the requests the entry could not end (it died, or the server did) see the

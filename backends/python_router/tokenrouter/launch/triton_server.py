@@ -126,7 +126,8 @@ def find_triton() -> TritonInstall:
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
         raise TritonError(
-            "no tritonserver found: install Triton (the NGC image has it) or `pip install --no-deps nvidia-pytriton==0.7.0`"
+            "no tritonserver found: install Triton (the NGC image has it) or "
+            "`pip install --no-deps nvidia-pytriton==0.7.0`"
         )
     package = Path(list(spec.submodule_search_locations)[0]).resolve()
     home = package / "tritonserver"

@@ -79,8 +79,8 @@ class RoutingPolicy:
         try:
             return cls.Params.model_validate(dict(params or {}))
         except ValidationError as err:
-            problems = "; ".join(f"params.{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
-                                 for e in err.errors())
+            problems = "; ".join(f"params.{'.'.join(str(p) for p in e['loc'])}: "
+                                 f"{e['msg'].removeprefix('Value error, ')}" for e in err.errors())
             allowed = ", ".join(cls.Params.model_fields) or "none"
             raise PolicyError(f"policy '{cls.name}': {problems} (parameters: {allowed})") from None
 

@@ -75,7 +75,8 @@ class Ensemble(RoutingPolicy):
             if position > 0 and carried is None:
                 raise PolicyError(f"policy 'ensemble': request {request.rid} reached {request.model} without a mixture")
             if position < len(self.ring) - 1:
-                decisions.append(Route(self.ring[position + 1], state={"mix": merge_sparse(carried, part, self.carry_top_k)}))
+                mix = merge_sparse(carried, part, self.carry_top_k)
+                decisions.append(Route(self.ring[position + 1], state={"mix": mix}))
                 continue
             mixture = add_sparse(part, carried)
             token = int(sample_tokens(mixture.log()[None], [sampling_of(request.spec)], [int(out.positions[row])])[0])

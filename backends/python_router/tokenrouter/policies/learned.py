@@ -11,11 +11,11 @@ import torch
 
 from .base import RequestView, StepOutput
 from .deferral import DeferralParams, DeferralPolicy, row_hidden
+from .networks import load_router
 
 
 class LearnedParams(DeferralParams):
     threshold: float | None = None  # None: the threshold training picked (in the router's metadata)
-from .networks import load_router
 
 
 class LearnedDeferral(DeferralPolicy):

@@ -166,7 +166,8 @@ def load_router(path: str | Path | None, algorithm: str) -> LoadedRouter:
     except json.JSONDecodeError as exc:
         raise PolicyError(f"policy '{algorithm}': {meta_path} is not valid JSON ({exc})") from None
     if metadata.get("format") != FORMAT:
-        raise PolicyError(f"policy '{algorithm}': {meta_path} has format {metadata.get('format')!r}, expected {FORMAT!r}")
+        raise PolicyError(f"policy '{algorithm}': {meta_path} has format {metadata.get('format')!r}, "
+                          f"expected {FORMAT!r}")
     if metadata.get("algorithm") != algorithm:
         raise PolicyError(f"policy '{algorithm}': {directory} holds a router trained for "
                           f"{metadata.get('algorithm')!r}, not {algorithm!r}")

@@ -58,7 +58,8 @@ class QueryLevel(RoutingPolicy):
             return request.prompt_len >= self.min_prompt_tokens
         if self.mode == "entropy":
             return row_entropy(out, row) > self.threshold
-        return float(torch.sigmoid(self.router.network(row_hidden(self, out, row, self.router.hidden_size)))[0]) >= self.threshold
+        logit = self.router.network(row_hidden(self, out, row, self.router.hidden_size))
+        return float(torch.sigmoid(logit)[0]) >= self.threshold
 
     def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str | Route]:
         decisions: list[str | Route] = []

@@ -15,7 +15,8 @@ from collections import deque
 from dataclasses import dataclass
 from itertools import islice
 
-from .request import RequestError, Submission
+from ..request_builder import RequestError
+from .request import Submission
 
 
 class ServerBusy(RuntimeError):

@@ -22,11 +22,10 @@ from ..engine.base import Engine
 from ..engine.factory import create_engine
 from ..text import TextCodec
 from .assembly import build_policy, build_subserver, effective_max_model_len, make_auto_thresholds
-from ..protocol import RequestSpec
+from ..request_builder import DEFAULT_MAX_TOKENS, RequestError, build_spec
 from .admission import ServerBusy
 from .emission import large_model_share
 from .observers import StepLog
-from .request import RequestError
 from .strategies import make_strategy
 from .subserver import Subserver
 from .transport import InProcessTransport
@@ -143,32 +142,32 @@ class TokenRouter:
         return cls(load_config(source), **kwargs)
 
     # --- requests --------------------------------------------------------------------------------
-    def submit(self, prompt: Prompt, *, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, seed: int = 0, stop: Sequence[str] = (), bad_words: Sequence[str] = (),
-               repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-               min_tokens: int = 0, logit_bias: Sequence[tuple[int, float]] = (),
+    def submit(self, prompt: Prompt, *, max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0,
+               top_p: float = 1.0, top_k: int = 0, seed: int = 0, stop: Sequence[str] = (),
+               bad_words: Sequence[str] = (), repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, min_tokens: int = 0, logit_bias: Sequence[tuple[int, float]] = (),
                return_log_probs: bool = False) -> RequestHandle:
         """Start one request; returns at once. Raises RequestError for bad input and ServerBusy
         when ``scheduling.max_queue`` requests already wait for admission. The sampling keywords
-        are TensorRT-LLM's (docs/engine.md, "Sampling")."""
+        are TensorRT-LLM's (docs/engine.md, "Sampling"); their defaults are RequestSpec's, greedy."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
         prompt_ids = self._encode(prompt)
         end_ids = self.codec.end_ids(self.engines[self.config.entry].eos_token_ids) if self.codec \
             else sorted(self.engines[self.config.entry].eos_token_ids)
-        spec = RequestSpec(prompt_len=len(prompt_ids), max_tokens=int(max_tokens), temperature=float(temperature),
-                           top_p=float(top_p), top_k=int(top_k), seed=int(seed), end_ids=end_ids,
-                           stop_sequences=self._sequences(stop), bad_sequences=self._sequences(bad_words),
-                           repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                           frequency_penalty=frequency_penalty, min_tokens=min_tokens,
-                           logit_bias=[tuple(pair) for pair in logit_bias], return_log_probs=return_log_probs)
+        sent = dict(max_tokens=int(max_tokens), temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+                    seed=int(seed), repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                    frequency_penalty=frequency_penalty, min_tokens=min_tokens, return_log_probs=return_log_probs)
+        spec = build_spec(len(prompt_ids), sent, end_ids=end_ids, stop_sequences=self._sequences(stop),
+                          bad_sequences=self._sequences(bad_words), logit_bias=logit_bias)
         handle = RequestHandle(f"req-{next(self._ids)}", self)
         self.entry.submit(handle.rid, prompt_ids, spec, handle)
         return handle
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], *, max_tokens: int = 128, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int | Sequence[int] = 0, stop: Sequence[str] = (),
-                 bad_words: Sequence[str] = (), timeout: float | None = None, **sampling: Any) -> list[GenerationResult]:
+    def generate(self, prompts: Prompt | Sequence[Prompt], *, max_tokens: int = DEFAULT_MAX_TOKENS,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | Sequence[int] = 0,
+                 stop: Sequence[str] = (), bad_words: Sequence[str] = (), timeout: float | None = None,
+                 **sampling: Any) -> list[GenerationResult]:
         """Generate for every prompt concurrently; a request that fails has finish_reason 'error'.
         A batch larger than the admission queue is fed in as its own earlier requests finish.
         ``sampling``: the other keywords of ``submit`` (penalties, min_tokens, logit_bias, return_log_probs)."""

@@ -43,6 +43,7 @@ def enforce_bad_words(views: Sequence[RequestState], out: StepResult) -> list[in
     rows = [row for row, _ in masks if row not in exhausted]
     if not rows:
         return exhausted
-    resampled = sample_tokens(out.logits[rows], [views[r].sampling for r in rows], [int(out.positions[r]) for r in rows])
+    resampled = sample_tokens(out.logits[rows], [views[r].sampling for r in rows],
+                              [int(out.positions[r]) for r in rows])
     out.sampled[rows] = resampled.to(out.sampled.dtype)
     return exhausted

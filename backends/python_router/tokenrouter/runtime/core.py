@@ -153,7 +153,8 @@ class SubserverCore:
         if not ready:
             return None
         active = max(self.active, 1)
-        if not batch_due(len(ready), active, self.threshold(active), now - ready[0].ready_since, self.limits.max_wait_s):
+        waited = now - ready[0].ready_since
+        if not batch_due(len(ready), active, self.threshold(active), waited, self.limits.max_wait_s):
             return None
         rows = [StepRow(r.rid, r.token_ids[r.cached:r.cached + chunk], r.sampling)
                 for r, chunk in select_rows(ready, self.limits)]

@@ -68,7 +68,8 @@ def reference_generate(models: dict[str, FullRecompute], policy: Policy, entry: 
     holder = entry
     sampling = SamplingParams(spec.temperature, spec.top_p, spec.top_k, spec.seed)
 
-    def view(model: str, sampled: int | None, tokens: Sequence[int], sampled_logprob: float | None = None) -> RequestView:
+    def view(model: str, sampled: int | None, tokens: Sequence[int],
+             sampled_logprob: float | None = None) -> RequestView:
         output = max(len(tokens) - prompt_len, 0)
         return RequestView(rid=rid, model=model, model_index=names.index(model), token_ids=list(tokens),
                            prompt_len=prompt_len, origins=origins[:output], spec=spec, state=state,

@@ -58,9 +58,9 @@ class EntryRole:
             core.stats.queue_wait_s += waited
             core.stats.queue_waits.append(waited)
             prompt = list(submission.prompt_ids)
-            core.make_runnable(RequestState(rid=submission.rid, model=core.name, model_index=core.index, token_ids=prompt,
-                                            prompt_len=len(prompt), origins=[], spec=submission.spec, here=True,
-                                            ready_since=core.now))
+            core.make_runnable(RequestState(rid=submission.rid, model=core.name, model_index=core.index,
+                                            token_ids=prompt, prompt_len=len(prompt), origins=[],
+                                            spec=submission.spec, here=True, ready_since=core.now))
             self.outputs.open(submission.rid, submission.sink)
             core.active += 1
             self._broadcast_active(fx)
@@ -121,7 +121,8 @@ class EntryRole:
 
     def _broadcast_active(self, fx: list[Effect]) -> None:
         core = self.core
-        fx += [Send(peer, PeerMessage(kind="active", rid="", sender=core.name, active=core.active)) for peer in core.peers]
+        fx += [Send(peer, PeerMessage(kind="active", rid="", sender=core.name, active=core.active))
+               for peer in core.peers]
 
     def on_active(self, active: int) -> None:
         """The entry counts N itself; a peer's echo of it is ignored."""
@@ -196,7 +197,8 @@ class PeerRole:
         # Keep the entry informed so the client sees tokens while the request stays away; a
         # handoff carries its own tokens (inform_entry=False), a finish its last ones.
         if reason is None and inform_entry:
-            fx.append(Send(self.core.entry, suffix_message(request, self.core.entry, "progress", sender=self.core.name)))
+            progress = suffix_message(request, self.core.entry, "progress", sender=self.core.name)
+            fx.append(Send(self.core.entry, progress))
 
     def on_grown(self, request: RequestState, grown: int, reason: str | None, error: str | None,
                  fx: list[Effect]) -> None:

@@ -12,7 +12,8 @@ from .request import RequestState
 log = logging.getLogger(__name__)
 
 
-def route_rows(policy: Policy, requests: list[RequestState], out: StepResult) -> tuple[list[Route | None], dict[str, str]]:
+def route_rows(policy: Policy, requests: list[RequestState],
+               out: StepResult) -> tuple[list[Route | None], dict[str, str]]:
     """One decision per row, and {rid: error} for the rows the policy failed on (their decision is
     None). When the policy raises on the batch it is asked row by row, so only the requests it
     fails on end."""

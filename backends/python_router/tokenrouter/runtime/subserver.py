@@ -188,7 +188,8 @@ class Subserver:
             result = self.engine.step(batch.rows, return_hidden=policy.needs_hidden, top_logits=policy.top_logits)
         except Exception as exc:  # one bad step fails its requests, never the subserver
             log.exception("step failed on %s", self.name)
-            self._apply(self.core.on_step_failed(batch, f"{type(exc).__name__} on {self.name}: {exc}", time.monotonic()))
+            error = f"{type(exc).__name__} on {self.name}: {exc}"
+            self._apply(self.core.on_step_failed(batch, error, time.monotonic()))
             return
         end = time.monotonic()
         self.core.stats.busy_s += end - start

@@ -1,7 +1,7 @@
 """Serving on Triton, one folder per process: which Triton stub runs each file, and what it does there.
 
 Imports go front -> text -> top and subserver -> top; never between front and subserver, and the
-top imports none of the folders (tests/unit/test_serving_layout.py). Everything is importable
+top imports none of the folders (tests/serving/test_serving_layout.py). Everything is importable
 without Triton except the ``*_model`` modules and ``text/tokenizer_stub.py``, which Triton's Python
 backend loads. docs/runtime.md has the same map.
 

@@ -39,8 +39,8 @@ from ..config import ConfigError, FrontendSpec, ModelSpec, TokenRouterConfig, lo
 from ..placement import node_models
 from ..runtime.strategies import MULTI_PROCESS
 from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS, EXCLUDE_INPUT,
-                     ONE_TOKEN_PER_RESPONSE, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
-                     ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
+                     ONE_TOKEN_PER_RESPONSE, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS,
+                     PREPROCESSING_OUTPUTS, ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
 
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
@@ -407,8 +407,8 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"{policy_dir}/config.pbtxt: parameter 'models' must be a JSON list of model names")
     remote = _decode(policy_model.get("remote_models", ""), text=False) or {}
-    models = {name: remote[name] if name in remote else _read_spec(model_parameters(repo_dir / name, "subserver"), paths)
-              for name in names}
+    models = {name: remote[name] if name in remote
+              else _read_spec(model_parameters(repo_dir / name, "subserver"), paths) for name in names}
     weights = _require(policy_model, "policy_weights", policy_dir)
     entry = _require(policy_model, "entry", policy_dir) or None
     fronts = json_param("fronts")

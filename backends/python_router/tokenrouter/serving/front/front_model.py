@@ -26,7 +26,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from ...runtime.request import RequestError
+from ...request_builder import RequestError
 from ..cpu_sampler import CpuSampler
 from ..error_codes import ERROR_CODES_PARAMETER
 from ..peer_auth import (CONTROL_PARAMETER, REASON_PARAMETER, carries_secret, front_request_parameters,

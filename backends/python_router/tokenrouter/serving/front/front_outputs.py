@@ -48,7 +48,9 @@ class GenerationOutput:
             if not chunk.final:
                 return None
             chunk = _joined(self._held)
-            shown = [*generation.prompt_ids, *chunk.tokens.tolist()] if generation.echo_prompt else chunk.tokens.tolist()
+            shown = chunk.tokens.tolist()
+            if generation.echo_prompt:
+                shown = [*generation.prompt_ids, *shown]
             text = chunk_text(self._codec, [], shown, True)
         outputs = chunk_outputs(chunk, text)
         outputs["batch_index"] = CLIENT_OUTPUTS["batch_index"].row(generation.row)

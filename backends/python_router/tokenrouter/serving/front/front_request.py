@@ -15,15 +15,10 @@ import numpy as np
 
 from ...config import FrontendSpec
 from ...protocol import RequestSpec
-from ...runtime.request import RequestError, validate_spec_sampling
+from ...request_builder import TENSORRT_LLM_SAMPLING_DEFAULTS, RequestError, build_spec, validate_spec_sampling
 from ..schema import SPEC_SCALARS, SUBSERVER_INPUTS, flatten_sequences
 from ..text.text_inputs import TextInputs
 
-DEFAULT_MAX_TOKENS = 16  # TensorRT-LLM requires max_tokens; a missing one means this many here
-# What TensorRT-LLM reads for a sampling input that is not sent. top_k 0 and top_p 0 together mean
-# greedy, so temperature alone (its ensemble client always sends 1.0) does not turn sampling on,
-# and top_k or top_p alone samples at temperature 1 (docs/compatibility.md, "Sampling").
-TENSORRT_LLM_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 0.0}
 SEED_RANGE = 2**64
 
 # Inputs with no meaning here, refused whatever their value: why, in the client's terms.
@@ -49,7 +44,8 @@ OFF_ONLY = {
     "return_generation_logits": (False, "a routed response's tokens come from several models whose full "
                                         "distributions are not sent to the front; use return_log_probs"),
     "return_perf_metrics": (False, "per-request KV and timing figures are not collected across the routed models; "
-                                   "the metrics port has them per model (nv_trt_llm_*, tokenrouter_queue_wait_seconds)"),
+                                   "the metrics port has them per model "
+                                   "(nv_trt_llm_*, tokenrouter_queue_wait_seconds)"),
     "num_draft_tokens": (0, "draft-model speculative decoding is not supported"),
     "use_draft_logits": (False, "draft-model speculative decoding is not supported"),
 }
@@ -155,7 +151,8 @@ def _row_generations(row: _Row, index: int, count: int, text: TextInputs, decoup
             raise RequestError(f"{name} {value!r}: only {off!r} is accepted; {why}")
     length_penalty = row.value("length_penalty", 1.0)
     if not math.isfinite(length_penalty):
-        raise RequestError(f"length_penalty must be a finite number (it has no effect without beams), got {length_penalty}")
+        raise RequestError(f"length_penalty must be a finite number (it has no effect without beams), "
+                           f"got {length_penalty}")
     stream = bool(row.value("stream", False))
     if not decoupled and (stream or count > 1):
         what = "stream true" if stream else f"num_return_sequences {count}"
@@ -178,11 +175,11 @@ def _spec(row: _Row, text: TextInputs, prompt_len: int) -> RequestSpec:
     if old_seed is not None:
         if scalars.setdefault("seed", old_seed) != old_seed:
             raise RequestError(f"seed {scalars['seed']} and random_seed {old_seed} disagree; send one of them")
-    spec = RequestSpec(prompt_len=prompt_len,
-                       **{"max_tokens": DEFAULT_MAX_TOKENS, **TENSORRT_LLM_SAMPLING_DEFAULTS, **scalars},
-                       end_ids=text.end_ids(row.array("end_id")),
-                       stop_sequences=text.sequences(row.array("stop_words"), "stop_words"),
-                       bad_sequences=text.sequences(row.array("bad_words"), "bad_words"),
-                       logit_bias=text.logit_bias(row.array("embedding_bias_words"), row.array("embedding_bias_weights")))
+    spec = build_spec(prompt_len, scalars, defaults=TENSORRT_LLM_SAMPLING_DEFAULTS,
+                      end_ids=text.end_ids(row.array("end_id")),
+                      stop_sequences=text.sequences(row.array("stop_words"), "stop_words"),
+                      bad_sequences=text.sequences(row.array("bad_words"), "bad_words"),
+                      logit_bias=text.logit_bias(row.array("embedding_bias_words"),
+                                                 row.array("embedding_bias_weights")))
     validate_spec_sampling(spec, text.vocab_size)
     return spec

@@ -4,8 +4,9 @@ Two kinds of request reach a subserver model: a prompt (``input_ids`` and sampli
 model only), from a front model or from a client that tokenizes itself, and peer messages from the
 other subservers of this server or control calls (``peer_message``, authenticated by the server's
 secret, see peer_auth.py), or from a subserver on another server of the deployment (a link call,
-authenticated by the pair secret and put in order by peer_sessions.py). A front names its prompt by a key (with the secret) so that its
-control call can cancel it: Triton does not pass a client's cancellation on to a BLS request.
+authenticated by the pair secret and put in order by peer_sessions.py). A front names its prompt by a
+key (with the secret) so that its control call can cancel it: Triton does not pass a client's
+cancellation on to a BLS request.
 
 The bookkeeping rule that keeps Triton alive: a response sender is registered with the writer
 (which polls it for cancellation) only while the subserver owns the request. If anything raises
@@ -25,7 +26,7 @@ import numpy as np
 
 from ...protocol import RequestSpec, decode_batch
 from ...runtime.admission import ServerBusy
-from ...runtime.request import RequestError
+from ...request_builder import RequestError, build_spec
 from ..peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
                          carries_secret, request_parameters)
 from ..schema import ONE_TOKEN_PER_RESPONSE, PEER_INPUT, SPEC_SCALARS, split_sequences
@@ -34,7 +35,6 @@ from .subserver_writer import SubserverWriter
 from .triton_sink import TritonSink
 
 log = logging.getLogger(__name__)
-DEFAULT_MAX_TOKENS = 16
 
 
 class NotWhole(Exception):
@@ -157,18 +157,17 @@ class SubserverIntake:
             raise
 
     def _spec(self, request: Any, prompt_len: int) -> RequestSpec:
-        """The request's RequestSpec from the subserver inputs (schema.SPEC_SCALARS and the lists);
-        the runtime validates it at submit."""
+        """The request's RequestSpec from the subserver inputs (schema.SPEC_SCALARS and the lists; a
+        missing one takes request_builder's default); the runtime validates it at submit."""
         scalars = {name: value for name in SPEC_SCALARS if (value := self._scalar(request, name, None)) is not None}
         bias_ids, bias_weights = self._flat(request, "logit_bias_ids"), self._flat(request, "logit_bias_weights")
         if len(bias_ids) != len(bias_weights):
             raise RequestError(f"logit_bias_ids has {len(bias_ids)} ids and logit_bias_weights "
                                f"{len(bias_weights)} weights; they must pair up")
-        return RequestSpec(prompt_len=prompt_len, **{"max_tokens": DEFAULT_MAX_TOKENS, **scalars},
-                           end_ids=[int(t) for t in self._flat(request, "end_id")],
-                           stop_sequences=split_sequences(self._flat(request, "stop_ids")),
-                           bad_sequences=split_sequences(self._flat(request, "bad_ids")),
-                           logit_bias=list(zip(bias_ids, bias_weights)))
+        return build_spec(prompt_len, scalars, end_ids=[int(t) for t in self._flat(request, "end_id")],
+                          stop_sequences=split_sequences(self._flat(request, "stop_ids")),
+                          bad_sequences=split_sequences(self._flat(request, "bad_ids")),
+                          logit_bias=zip(bias_ids, bias_weights))
 
     def _array(self, request: Any, name: str) -> np.ndarray | None:
         tensor = self._pb.get_input_tensor_by_name(request, name)

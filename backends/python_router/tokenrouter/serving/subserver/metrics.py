@@ -39,8 +39,8 @@ class SubserverMetrics:
                                   family.COUNTER, {**model, "direction": "out"})
         self._handoffs_in = make("tokenrouter_handoffs_total", "Requests handed to or received from a peer",
                                  family.COUNTER, {**model, "direction": "in"})
-        self._pending = make("tokenrouter_pending_requests", "Requests whose KV this model keeps while a peer holds them",
-                             family.GAUGE)
+        self._pending = make("tokenrouter_pending_requests",
+                             "Requests whose KV this model keeps while a peer holds them", family.GAUGE)
         self._running = make("tokenrouter_running_requests", "Requests this model holds and decodes", family.GAUGE)
         self._active = make("tokenrouter_active_requests", "Requests active in the whole router (N)", family.GAUGE)
         self._kv_used = make("tokenrouter_kv_blocks_used", "KV blocks in use in this model's pool", family.GAUGE)
@@ -49,8 +49,8 @@ class SubserverMetrics:
         self._handoff_rtt = make("tokenrouter_peer_send_seconds", "Round trip of one peer-message call",
                                  family.HISTOGRAM, buckets=HANDOFF_BUCKETS)
         self._refused_peer_calls = make("tokenrouter_refused_peer_calls_total",
-                                        "Calls with a peer_message that lacked this server's secret or the pair secret, or did not fit a link (refused)",
-                                        family.COUNTER)
+                                        "Calls with a peer_message that lacked this server's secret or the pair "
+                                        "secret, or did not fit a link (refused)", family.COUNTER)
         self._connected = {peer: make("tokenrouter_peer_connected", "1 while the peer model on another server is "
                                       "connected, else 0 (the deployment is whole when every one is 1)",
                                       family.GAUGE, {**model, "peer": peer}) for peer in remote_peers}

@@ -21,7 +21,7 @@ from typing import Any, Callable, Collection
 
 from ...placement import differences
 from ...protocol import PeerMessage
-from ...runtime.request import RequestError
+from ...request_builder import RequestError
 from ..pair_secret import carries_pair_secret
 
 # Wire: request parameters of a link's calls. LINK: "<sender model>/<epoch>/<number>" (number 0: the

@@ -25,7 +25,8 @@ class TritonPythonModel(TokenizerModel):
     def respond(self, request: Any) -> dict[str, np.ndarray]:
         text = self.text
         prompt = text.prompt_ids(input_array(request, "text_input"))
-        bias = text.logit_bias(input_array(request, "embedding_bias_words"), input_array(request, "embedding_bias_weights"))
+        bias = text.logit_bias(input_array(request, "embedding_bias_words"),
+                               input_array(request, "embedding_bias_weights"))
         values = {
             "input_ids": prompt,
             "stop_ids": flatten_sequences(text.sequences(input_array(request, "stop_words"), "stop_words")),

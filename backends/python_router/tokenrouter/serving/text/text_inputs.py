@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...config import FrontendSpec
-from ...runtime.request import RequestError
+from ...request_builder import RequestError
 from ...text import TextCodec
 from .input_limits import input_byte_cap
 

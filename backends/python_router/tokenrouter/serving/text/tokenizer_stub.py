@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ...runtime.request import RequestError  # invalid request: an INVALID_ARG error response
+from ...request_builder import RequestError  # invalid request: an INVALID_ARG error response
 from ...text import TextCodec
 from ..repository import repository_path
 

@@ -71,5 +71,5 @@ def test_the_package_imports_no_developer_tool() -> None:
 def test_relative_imports_resolve_to_real_modules() -> None:
     """The checker's own resolution: a wrong level would make the tests above pass vacuously."""
     front_model = imported_modules(PACKAGE / "serving" / "front" / "front_model.py")
-    assert {"tokenrouter.serving.schema", "tokenrouter.runtime.request", "tokenrouter.serving.front.front_writer",
+    assert {"tokenrouter.serving.schema", "tokenrouter.request_builder", "tokenrouter.serving.front.front_writer",
             "tokenrouter.serving.text.text_inputs"} <= front_model

@@ -30,7 +30,8 @@ def rich_config(tmp_path: Path) -> dict:
             "sim": {"engine": "simulated", "profile": {"decode_ms": [3.5, 4.0], "name": "x"}},
         },
         "entry": "small",
-        "policy": {"name": "ensemble", "params": {"weights": {"small": 0.5, "large": 0.3, "sim": 0.2}, "carry_top_k": 8},
+        "policy": {"name": "ensemble",
+                   "params": {"weights": {"small": 0.5, "large": 0.3, "sim": 0.2}, "carry_top_k": 8},
                    "weights": str(weights)},
         "scheduling": {"strategy": "eager_async", "max_wait_ms": 7.5, "max_active": 9},
         "chat_template": True,
@@ -48,8 +49,8 @@ def test_render_then_read_gives_the_same_config(tmp_path: Path) -> None:
     assert back.policy.weights == str(copied) and copied.read_bytes() == b"weights"
     assert back == config.model_copy(update={"policy": config.policy.model_copy(update={"weights": str(copied)})})
     # the copy is the repository's own: rendering what was read changes nothing
-    assert read_repository(render_repository(back, tmp_path / "repo2")) == back.model_copy(
-        update={"policy": back.policy.model_copy(update={"weights": str(tmp_path / "repo2/routing_policy/1/router.pt")})})
+    moved = back.policy.model_copy(update={"weights": str(tmp_path / "repo2/routing_policy/1/router.pt")})
+    assert read_repository(render_repository(back, tmp_path / "repo2")) == back.model_copy(update={"policy": moved})
 
 
 def test_explicit_tokenizer_and_defaults_round_trip(tmp_path: Path) -> None:
@@ -160,7 +161,8 @@ def test_refuses_to_replace_a_folder_it_did_not_render(tmp_path: Path) -> None:
 
 def _instance_groups(repo: Path, names: list[str]) -> dict[str, tuple[str, list[int]]]:
     groups = {name: read_model_config(repo / name).instance_group for name in names}
-    return {name: (mc.ModelInstanceGroup.Kind.Name(group[0].kind), list(group[0].gpus)) for name, group in groups.items()}
+    return {name: (mc.ModelInstanceGroup.Kind.Name(group[0].kind), list(group[0].gpus))
+            for name, group in groups.items()}
 
 
 def test_instance_kinds_follow_each_models_device(tmp_path: Path) -> None:

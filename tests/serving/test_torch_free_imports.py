@@ -1,0 +1,58 @@
+"""The stubs that run no model load no engine: importing a front or a text model leaves torch out.
+
+Each import runs in a fresh interpreter (this one has torch loaded already), with an empty
+``triton_python_backend_utils`` on the path where Triton's Python backend would put its own.
+What would break it: a module on a front's import path that reaches the engine layer (as
+``RequestError`` once did, through runtime/request.py -> engine/base.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TORCH_FREE = [
+    "tokenrouter.request_builder",
+    "tokenrouter.serving.front.front_model",
+    "tokenrouter.serving.front.core_model",
+    "tokenrouter.serving.text.preprocessing_model",
+    "tokenrouter.serving.text.postprocessing_model",
+]
+PROBE = """
+import importlib, json, sys
+importlib.import_module(sys.argv[1])
+print(json.dumps({"torch": "torch" in sys.modules,
+                  "loaded": sorted(m for m in sys.modules if m.startswith("tokenrouter"))}))
+"""
+
+
+def _import_alone(module: str, stub_dir: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(stub_dir), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", PROBE, module], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def stub_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("pb_utils")
+    (folder / "triton_python_backend_utils.py").write_text('"""Stands in for the Python backend\'s module."""\n')
+    return folder
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_importing_it_loads_no_torch(module: str, stub_dir: Path) -> None:
+    found = _import_alone(module, stub_dir)
+    assert module in found["loaded"]
+    assert not found["torch"], f"{module} imports torch; the tokenrouter modules it loaded: {found['loaded']}"
+
+
+def test_the_probe_sees_torch_when_it_is_loaded(stub_dir: Path) -> None:
+    """The check itself: a module that does reach the engine layer is caught."""
+    found = _import_alone("tokenrouter.engine.base", stub_dir)
+    assert found["torch"]
