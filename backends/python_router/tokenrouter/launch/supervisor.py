@@ -29,7 +29,10 @@ OPENAI_SERVER = "<the OpenAI server>"  # what _watch names when that process die
 # gRPC stream open to it (Triton 2.51 holds the model for each such stream; triton_server.py, drain),
 # which nothing else would notice.
 STATES_PERIOD_S, NOT_READY_S = 2.0, 10.0
-ERRORS_GRACE_S = 0.5  # for the errors of the requests in flight to reach their clients
+# For the errors of the requests in flight to reach their clients before the server is killed: the
+# fronts have sent them when their control call returns, Triton's gRPC frontend writes them later.
+# 0.5 s lost one stream's error ("Socket closed" instead) in 1 of 10 fault-test runs at load 3.
+ERRORS_GRACE_S = 2.0
 # Up to FREE_RESTARTS restarts within RESTART_WINDOW_S go at once; each one past that waits twice as
 # long as the one before, from BACKOFF_FIRST_S up to BACKOFF_MAX_S: a crash loop does not spin the
 # CPU, and a server killed now and then is back as fast as it starts.
