@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from tritonclient.utils import InferenceServerException
@@ -23,6 +24,26 @@ RECOVERY_S = 240.0  # a fresh start of the tiny pair takes 20-60 s on this share
 def _stubs(launcher_pid: int) -> dict[str, int]:
     """model -> stub pid of the tritonserver that the launcher runs now."""
     return stub_pids(triton_pid(launcher_pid))
+
+
+def _start_report(launcher_pid: int) -> str:
+    """Where a restart that did not finish stands: per stub of the new server, its state (R running,
+    S sleeping) and CPU seconds so far, with the load average; a start slowed by load shows stubs that
+    run and gather CPU, one stuck shows stubs asleep with their CPU time standing still."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    lines = [f"load average {os.getloadavg()[0]:.1f}"]
+    try:
+        stubs = _stubs(launcher_pid)
+    except (StopIteration, OSError):
+        return lines[0] + "; no tritonserver running"
+    for model, pid in sorted(stubs.items()):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu_s = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+        lines.append(f"stub {model} pid {pid}: state {fields[0]}, cpu {cpu_s:.1f} s")
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +91,8 @@ def test_a_killed_stub_fails_its_requests_and_the_server_serves_again(served, mo
     # The old server may still answer between the kill and its restart (a dead routing_policy stub does
     # not stop requests), so serving counts only once the supervisor has the new one ready.
     while not any("ready again" in line for line in log[restarts_before:]):
-        assert time.monotonic() < deadline, "the server did not restart:\n" + "".join(log[-40:])
+        assert time.monotonic() < deadline, (f"the server did not restart within {RECOVERY_S:.0f} s:\n"
+                                             f"{_start_report(launcher.pid)}\n" + "".join(log[-40:]))
         time.sleep(0.2)
     reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": PROMPTS[0], "max_tokens": 8})
     assert len(reply["output_ids"]) == 8
