@@ -114,11 +114,11 @@ class FakeRequest:
     """A client's (or a peer's) request to a model: inputs by name, parameters, a response sender."""
 
     def __init__(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, str],
-                 faults: Faults | None = None) -> None:
+                 faults: Faults | None = None, outputs: Iterable[str] = ()) -> None:
         self.faults = faults or Faults()
         self.inputs = {name: FakeTensor(array, self.faults) for name, array in inputs.items()}
         self.sender = FakeSender(self.faults)
-        self._parameters = dict(parameters)
+        self._parameters, self._outputs = dict(parameters), list(outputs)
 
     def get_response_sender(self) -> FakeSender:
         self.faults.step("get_response_sender")
@@ -130,7 +130,36 @@ class FakeRequest:
 
     def requested_output_names(self) -> list[str]:
         self.faults.step("requested_output_names")
-        return []
+        return list(self._outputs)
+
+
+class FakeSubserver:
+    """The subserver behind an intake: records submissions (their sinks), messages and cancels;
+    ``on_submit(rid, prompt, spec, sink)``, when given, answers a submission at once."""
+
+    name, entry, is_entry, index = "slm", "slm", True, 0
+    engine = SimpleNamespace(eos_token_ids={2}, num_used_blocks=0, vocab_size=1000)
+
+    def __init__(self, faults: Faults | None = None, on_submit: Callable[..., None] | None = None) -> None:
+        self.faults, self.on_submit = faults or Faults(), on_submit
+        self.submitted: list[tuple[str, list[int], Any]] = []  # (rid, prompt, spec)
+        self.sinks: list[Any] = []
+        self.delivered: list[Any] = []
+        self.cancelled: list[str] = []
+
+    def submit(self, rid: str, prompt: list[int], spec: Any, sink: Any) -> None:
+        self.faults.step("subserver.submit")
+        self.submitted.append((rid, prompt, spec))
+        self.sinks.append(sink)
+        if self.on_submit is not None:
+            self.on_submit(rid, prompt, spec, sink)
+
+    def deliver(self, message: Any) -> None:
+        self.faults.step("subserver.deliver")
+        self.delivered.append(message)
+
+    def cancel(self, rid: str) -> None:
+        self.cancelled.append(rid)
 
 
 class EntryResponse:

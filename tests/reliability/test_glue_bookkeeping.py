@@ -10,13 +10,11 @@ same requests to a real server.
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
 
-from fake_pb_utils import Faults, FakeRequest, error_of, fake_pb
+from fake_pb_utils import Faults, FakeRequest, FakeSubserver, error_of, fake_pb
 
 from tokenrouter.protocol import PeerMessage, encode_batch
 from tokenrouter.runtime.admission import ServerBusy
@@ -29,27 +27,6 @@ SECRET = "s3cret"
 POLL_S = 0.02  # cancellation polls: often, so a sender polled after its final answer shows quickly
 EXCEPTIONS = [RequestError, ServerBusy, ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError,
               OverflowError, MemoryError, UnicodeDecodeError, Exception]
-
-
-class FakeSubserver:
-    """Takes submissions and messages; answers an accepted submission when the test says so."""
-
-    name, entry, is_entry, index = "slm", "slm", True, 0
-    engine = SimpleNamespace(eos_token_ids={2}, num_used_blocks=0, vocab_size=1000)
-
-    def __init__(self, faults: Faults) -> None:
-        self.faults, self.sinks, self.delivered = faults, [], []
-
-    def submit(self, rid: str, prompt: list[int], spec: Any, sink: Any) -> None:
-        self.faults.step("subserver.submit")
-        self.sinks.append(sink)
-
-    def deliver(self, message: PeerMessage) -> None:
-        self.faults.step("subserver.deliver")
-        self.delivered.append(message)
-
-    def cancel(self, rid: str) -> None:
-        pass
 
 
 def client_request(faults: Faults) -> FakeRequest:
