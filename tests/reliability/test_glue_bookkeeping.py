@@ -9,14 +9,12 @@ same requests to a real server.
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
+
+from fake_pb_utils import Faults, FakeRequest, FakeSubserver, error_of, fake_pb
 
 from tokenrouter.protocol import PeerMessage, encode_batch
 from tokenrouter.runtime.admission import ServerBusy
@@ -25,122 +23,10 @@ from tokenrouter.serving.subserver.intake import SubserverIntake
 from tokenrouter.serving.peer_auth import front_request_parameters, peer_parameters
 from tokenrouter.serving.subserver.subserver_writer import SubserverWriter
 
-FINAL = 1
 SECRET = "s3cret"
 POLL_S = 0.02  # cancellation polls: often, so a sender polled after its final answer shows quickly
 EXCEPTIONS = [RequestError, ServerBusy, ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError,
               OverflowError, MemoryError, UnicodeDecodeError, Exception]
-
-
-def _instance(kind: type[BaseException]) -> BaseException:
-    if kind is UnicodeDecodeError:
-        return UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
-    return kind("injected")
-
-
-class Faults:
-    """Counts the glue's calls into Triton and its collaborators; raises at call number ``at``."""
-
-    def __init__(self, at: int, kind: type[BaseException]) -> None:
-        self.at, self.kind, self.calls, self.fired_in = at, kind, 0, None
-
-    def step(self, where: str) -> None:
-        self.calls += 1
-        if self.calls == self.at:
-            self.fired_in = where
-            raise _instance(self.kind)
-
-
-class FakeSender:
-    def __init__(self, faults: Faults) -> None:
-        self.faults, self.finals, self.polled_after_final, self.lock = faults, [], False, threading.Lock()
-        self.failed_flags: int | None = None  # the flags of a send that raised
-
-    def send(self, response: Any = None, flags: int = 0) -> None:
-        calls = self.faults.calls
-        try:
-            self.faults.step("sender.send")
-        except BaseException:
-            if self.faults.calls == self.faults.at == calls + 1:
-                self.failed_flags = flags
-            raise
-        with self.lock:
-            if self.finals:
-                raise RuntimeError("Unable to send response. Response sender has been closed.")
-            if flags & FINAL:
-                self.finals.append(response)
-
-    def is_cancelled(self) -> bool:
-        with self.lock:
-            self.polled_after_final |= bool(self.finals)
-        return False
-
-
-class FakeTensor:
-    def __init__(self, array: np.ndarray, faults: Faults) -> None:
-        self.array, self.faults = array, faults
-
-    def as_numpy(self) -> np.ndarray:
-        self.faults.step("as_numpy")
-        return self.array
-
-
-class FakeRequest:
-    def __init__(self, inputs: dict[str, np.ndarray], parameters: dict[str, str], faults: Faults) -> None:
-        self.inputs = {name: FakeTensor(array, faults) for name, array in inputs.items()}
-        self.sender = FakeSender(faults)
-        self._parameters, self.faults = parameters, faults
-
-    def get_response_sender(self) -> FakeSender:
-        self.faults.step("get_response_sender")
-        return self.sender
-
-    def parameters(self) -> str:
-        self.faults.step("parameters")
-        return json.dumps(self._parameters)
-
-    def requested_output_names(self) -> list[str]:
-        self.faults.step("requested_output_names")
-        return []
-
-
-def fake_pb(faults: Faults) -> SimpleNamespace:
-    class TritonError:
-        INVALID_ARG, UNAVAILABLE, INTERNAL = 3, 14, 13
-
-        def __init__(self, message: str, code: int = 13) -> None:
-            self.message, self.code = message, code
-
-    def get_input_tensor_by_name(request: FakeRequest, name: str) -> FakeTensor | None:
-        faults.step(f"get_input_tensor_by_name({name})")
-        return request.inputs.get(name)
-
-    return SimpleNamespace(
-        TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL, TritonError=TritonError,
-        InferenceResponse=lambda output_tensors=None, error=None: SimpleNamespace(error=error,
-                                                                                  output_tensors=output_tensors),
-        Tensor=lambda name, array: (name, array), get_input_tensor_by_name=get_input_tensor_by_name)
-
-
-class FakeSubserver:
-    """Takes submissions and messages; answers an accepted submission when the test says so."""
-
-    name, entry, is_entry, index = "slm", "slm", True, 0
-    engine = SimpleNamespace(eos_token_ids={2}, num_used_blocks=0, vocab_size=1000)
-
-    def __init__(self, faults: Faults) -> None:
-        self.faults, self.sinks, self.delivered = faults, [], []
-
-    def submit(self, rid: str, prompt: list[int], spec: Any, sink: Any) -> None:
-        self.faults.step("subserver.submit")
-        self.sinks.append(sink)
-
-    def deliver(self, message: PeerMessage) -> None:
-        self.faults.step("subserver.deliver")
-        self.delivered.append(message)
-
-    def cancel(self, rid: str) -> None:
-        pass
 
 
 def client_request(faults: Faults) -> FakeRequest:
@@ -212,22 +98,6 @@ def test_every_fault_at_every_step_answers_once_and_unregisters(make_request, ki
             expected = ("INVALID_ARG" if kind is RequestError or where == "parameters"
                         else "UNAVAILABLE" if kind is ServerBusy else "INTERNAL")
             assert error[1] == expected, f"{kind.__name__} in {where}: code {error[1]}"
-
-
-CODES = {3: "INVALID_ARG", 14: "UNAVAILABLE", 13: "INTERNAL"}
-
-
-def error_of(response: Any) -> tuple[str, str] | None:
-    """(message, code name) of an error answer: an error response, or to a front one sent as data
-    (serving/error_codes.py); None for an answer without an error."""
-    if response is None:
-        return None
-    if response.error is not None:
-        return response.error.message, CODES[response.error.code]
-    tensors = dict(response.output_tensors or [])
-    if "error" not in tensors:
-        return None
-    return tensors["error"].reshape(-1)[0].decode(), tensors["error_code"].reshape(-1)[0].decode()
 
 
 def test_a_front_request_that_fails_is_answered_as_data() -> None:

@@ -1,6 +1,8 @@
 """A client's request to a front model, read and checked: TensorRT-LLM's inputs -> generations.
 
-Triton-free (numpy arrays in, plain objects out), so every rule is unit-tested without a server.
+Triton-free (numpy arrays in, plain objects out), so every rule is unit-tested without a server
+(tests/serving/test_front_request.py, which also holds docs/compatibility.md's input table to REFUSED
+and OFF_ONLY).
 Each batch row is its own generation, and so is each of its ``num_return_sequences`` sequences.
 Every error names its input: a request is refused as a whole, before any generation starts.
 """

@@ -23,7 +23,7 @@ from tokenrouter.serving.subserver.intake import SubserverIntake
 from tokenrouter.serving.text.text_inputs import TextInputs
 from tokenrouter.text import TextCodec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SPEC_DEFAULTS = RequestSpec(prompt_len=0, max_tokens=1)  # RequestSpec's own field defaults
 
 

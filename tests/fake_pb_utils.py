@@ -1,0 +1,226 @@
+"""A stand-in for Triton's ``triton_python_backend_utils``, for unit tests of our Triton glue.
+
+Only the calls the glue makes, recording what it sent: the subserver's intake and writer, the
+front's writer and its BLS calls to the entry take ``pb_utils`` as an argument, so a test injects
+``fake_pb()``. The property such a test checks is our own bookkeeping; the e2e and reliability
+suites send the same requests to a real server. ``Faults`` makes every call into Triton a step that
+can raise, for the glue's fuzz test (reliability/test_glue_bookkeeping.py).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from types import SimpleNamespace
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class Faults:
+    """Counts the glue's calls into Triton and its collaborators; raises ``kind`` at call number
+    ``at`` (0: never)."""
+
+    def __init__(self, at: int = 0, kind: type[BaseException] = RuntimeError) -> None:
+        self.at, self.kind, self.calls, self.fired_in = at, kind, 0, None
+
+    def step(self, where: str) -> None:
+        self.calls += 1
+        if self.calls == self.at:
+            self.fired_in = where
+            raise _instance(self.kind)
+
+
+def _instance(kind: type[BaseException]) -> BaseException:
+    if kind is UnicodeDecodeError:
+        return UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
+    return kind("injected")
+
+
+class TritonError:
+    """pb_utils.TritonError: the Python backend's codes; INTERNAL when none is given."""
+
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self.message, self.code = message, code
+
+
+CODES = {getattr(TritonError, name): name for name in vars(TritonError) if name.isupper()}
+
+
+class Tensor(tuple):
+    """pb_utils.Tensor: ``name()`` and ``as_numpy()``; also a (name, array) pair, so a response's
+    tensors read as ``dict(response.output_tensors)``."""
+
+    def __new__(cls, name: str, array: np.ndarray) -> "Tensor":
+        return super().__new__(cls, (name, array))
+
+    def name(self) -> str:
+        return self[0]
+
+    def as_numpy(self) -> np.ndarray:
+        return self[1]
+
+
+class FakeSender:
+    """A request's response sender. Like Triton's, it refuses a send after the FINAL (counted in
+    ``sends_after_final``); ``log``, when given, gets the sender of every send in order."""
+
+    def __init__(self, faults: Faults | None = None, log: list | None = None) -> None:
+        self.faults, self.log, self.lock = faults or Faults(), log, threading.Lock()
+        self.sent: list[tuple[Any, bool]] = []  # (response, final)
+        self.sends_after_final, self.polled_after_final, self.cancelled = 0, False, False
+        self.failed_flags: int | None = None  # the flags of a send that raised
+
+    @property
+    def finals(self) -> list[Any]:
+        return [response for response, final in self.sent if final]
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        calls = self.faults.calls
+        try:
+            self.faults.step("sender.send")
+        except BaseException:
+            if self.faults.calls == self.faults.at == calls + 1:
+                self.failed_flags = flags
+            raise
+        with self.lock:
+            if self.finals:
+                self.sends_after_final += 1
+                raise RuntimeError("Unable to send response. Response sender has been closed.")
+            self.sent.append((response, bool(flags & FINAL)))
+            if self.log is not None:
+                self.log.append(self)
+
+    def is_cancelled(self) -> bool:
+        with self.lock:
+            self.polled_after_final |= bool(self.finals)
+            return self.cancelled
+
+
+class FakeTensor:
+    def __init__(self, array: np.ndarray, faults: Faults) -> None:
+        self.array, self.faults = array, faults
+
+    def as_numpy(self) -> np.ndarray:
+        self.faults.step("as_numpy")
+        return self.array
+
+
+class FakeRequest:
+    """A client's (or a peer's) request to a model: inputs by name, parameters, a response sender."""
+
+    def __init__(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, str],
+                 faults: Faults | None = None, outputs: Iterable[str] = ()) -> None:
+        self.faults = faults or Faults()
+        self.inputs = {name: FakeTensor(array, self.faults) for name, array in inputs.items()}
+        self.sender = FakeSender(self.faults)
+        self._parameters, self._outputs = dict(parameters), list(outputs)
+
+    def get_response_sender(self) -> FakeSender:
+        self.faults.step("get_response_sender")
+        return self.sender
+
+    def parameters(self) -> str:
+        self.faults.step("parameters")
+        return json.dumps(self._parameters)
+
+    def requested_output_names(self) -> list[str]:
+        self.faults.step("requested_output_names")
+        return list(self._outputs)
+
+
+class FakeSubserver:
+    """The subserver behind an intake: records submissions (their sinks), messages and cancels;
+    ``on_submit(rid, prompt, spec, sink)``, when given, answers a submission at once."""
+
+    name, entry, is_entry, index = "slm", "slm", True, 0
+    engine = SimpleNamespace(eos_token_ids={2}, num_used_blocks=0, vocab_size=1000)
+
+    def __init__(self, faults: Faults | None = None, on_submit: Callable[..., None] | None = None) -> None:
+        self.faults, self.on_submit = faults or Faults(), on_submit
+        self.submitted: list[tuple[str, list[int], Any]] = []  # (rid, prompt, spec)
+        self.sinks: list[Any] = []
+        self.delivered: list[Any] = []
+        self.cancelled: list[str] = []
+
+    def submit(self, rid: str, prompt: list[int], spec: Any, sink: Any) -> None:
+        self.faults.step("subserver.submit")
+        self.submitted.append((rid, prompt, spec))
+        self.sinks.append(sink)
+        if self.on_submit is not None:
+            self.on_submit(rid, prompt, spec, sink)
+
+    def deliver(self, message: Any) -> None:
+        self.faults.step("subserver.deliver")
+        self.delivered.append(message)
+
+    def cancel(self, rid: str) -> None:
+        self.cancelled.append(rid)
+
+
+class EntryResponse:
+    """One response of a BLS stream (what ``InferenceRequest.exec`` yields)."""
+
+    def __init__(self, outputs: Mapping[str, np.ndarray] | None = None, error: str | None = None) -> None:
+        self._outputs, self._error = dict(outputs or {}), error
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> SimpleNamespace:
+        return SimpleNamespace(message=lambda: self._error)
+
+    def output_tensors(self) -> list[Tensor]:
+        return [Tensor(name, array) for name, array in self._outputs.items()]
+
+
+class BlsCall:
+    """A BLS request a model built (pb_utils.InferenceRequest); ``exec`` answers it with what
+    ``answer(call)`` returns, and records the call in ``calls``."""
+
+    def __init__(self, calls: list, answer: Callable[["BlsCall"], Iterable[EntryResponse]], *, model_name: str,
+                 inputs: list[Tensor], requested_output_names: list[str], parameters: Mapping[str, str]) -> None:
+        self.model_name, self.outputs, self.parameters = model_name, list(requested_output_names), dict(parameters)
+        self.inputs = {tensor.name(): tensor.as_numpy() for tensor in inputs}
+        self._calls, self._answer, self.decoupled = calls, answer, None
+        calls.append(self)
+
+    def exec(self, decoupled: bool = False) -> Iterable[EntryResponse]:
+        self.decoupled = decoupled
+        return self._answer(self)
+
+
+def fake_pb(faults: Faults | None = None,
+            answer: Callable[[BlsCall], Iterable[EntryResponse]] = lambda call: iter(())) -> SimpleNamespace:
+    """The module as the glue sees it. ``answer``: how BLS calls are answered; they are recorded in
+    the returned namespace's ``bls_calls``."""
+    faults = faults or Faults()
+    calls: list[BlsCall] = []
+
+    def get_input_tensor_by_name(request: FakeRequest, name: str) -> FakeTensor | None:
+        faults.step(f"get_input_tensor_by_name({name})")
+        return request.inputs.get(name)
+
+    return SimpleNamespace(
+        TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL, TritonError=TritonError, Tensor=Tensor,
+        InferenceResponse=lambda output_tensors=None, error=None: SimpleNamespace(error=error,
+                                                                                  output_tensors=output_tensors),
+        get_input_tensor_by_name=get_input_tensor_by_name, bls_calls=calls,
+        InferenceRequest=lambda **kwargs: BlsCall(calls, answer, **kwargs))
+
+
+def error_of(response: Any) -> tuple[str, str] | None:
+    """(message, code name) of an error answer: an error response, or to a front one sent as data
+    (serving/error_codes.py); None for an answer without an error."""
+    if response is None:
+        return None
+    if response.error is not None:
+        return response.error.message, CODES[response.error.code]
+    tensors = dict(response.output_tensors or [])
+    if "error" not in tensors:
+        return None
+    return tensors["error"].reshape(-1)[0].decode(), tensors["error_code"].reshape(-1)[0].decode()
