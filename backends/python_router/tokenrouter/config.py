@@ -285,9 +285,6 @@ class TokenRouterConfig(_Strict):
     def tokenizer_path(self) -> str | None:
         return self.tokenizer or self.models[self.entry].path
 
-    def thresholds_at(self, active: int) -> dict[str, int | None]:
-        return {name: spec.threshold_at(active) for name, spec in self.models.items()}
-
 
 def check_thresholds(models: dict[str, ModelSpec], max_active: int) -> None:
     """Reject thresholds that can deadlock: need sum(B_i - 1) < N for every N up to max_active.

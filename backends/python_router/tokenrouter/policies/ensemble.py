@@ -20,7 +20,7 @@ from ..engine.sampling import sample_tokens
 from ..protocol import PeerMessage, Route
 from pydantic import Field
 
-from .base import PolicyError, PolicyParams, RequestView, RoutingPolicy, StepOutput, register_policy, sampling_of
+from .base import PolicyError, PolicyParams, RequestView, RoutingPolicy, StepResult, register_policy, sampling_of
 
 DEFAULT_WEIGHTS = (0.5, 0.3, 0.2)  # the paper's weights over 0.6B/8B/32B, in config order
 
@@ -66,7 +66,7 @@ class Ensemble(RoutingPolicy):
         """weight * softmax(logits) for one row [V], in float64."""
         return self.weights_by_model[model] * torch.softmax(logits.double(), dim=-1)
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[Route]:
+    def route(self, batch: Sequence[RequestView], out: StepResult) -> list[Route]:
         decisions = []
         for row, request in enumerate(batch):
             position = self.ring.index(request.model)
