@@ -42,7 +42,7 @@ def _server_alive_and_serving(server) -> None:
 
 @pytest.mark.parametrize("model", ["llm", "slm"])
 def test_token_request_straight_to_a_subserver_over_http_is_4xx_and_the_server_lives(routing_server, model):
-    # the repro from issue 13: llm is not the entry model; slm with a bad body must not crash either
+    # llm is not the entry model; slm with a bad body must not crash either
     body = {"input_ids": [1, 2, 3], "max_tokens": 4} if model == "llm" else {"input_ids": [1, 2, 3], "max_tokens": -4}
     status, text = http_post(routing_server.http_url, f"/v2/models/{model}/generate", body)
     assert 400 <= status < 500, (status, text)
