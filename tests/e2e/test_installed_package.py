@@ -47,10 +47,10 @@ def test_the_installed_cli_finds_its_files_in_the_installed_packages(installed, 
     probe = """
 import json, tokenrouter, tokenrouter_engines, tokenrouter_tools
 from tokenrouter_engines.recipe import load_recipe
-from tokenrouter.launch.paths import backend_entry, shipped_config, shipped_configs
+from tokenrouter.launch.paths import backend_model_file, shipped_config, shipped_configs
 print(json.dumps({"modules": [m.__file__ for m in (tokenrouter, tokenrouter_engines, tokenrouter_tools)],
                   "configs": shipped_configs(), "tiny": str(shipped_config("tiny.yaml")),
-                  "backend": str(backend_entry()), "recipe": type(load_recipe()).__name__}))
+                  "backend": str(backend_model_file()), "recipe": type(load_recipe()).__name__}))
 """
     done = subprocess.run([str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

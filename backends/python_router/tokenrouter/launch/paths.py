@@ -30,7 +30,7 @@ def shipped_configs() -> list[str]:
                   if entry.name.endswith(".yaml"))
 
 
-def backend_entry() -> Path:
+def backend_model_file() -> Path:
     """The file Triton loads as ``python_router/model.py`` (found without importing Triton's utils)."""
     spec = importlib.util.find_spec("tokenrouter.serving.subserver.backend_model")
     assert spec is not None and spec.origin is not None
