@@ -61,7 +61,7 @@ def _forged_messages() -> list[tuple[str, list[PeerMessage]]]:
     rids = [f"slm-{n}" for n in range(200)]
     spec = RequestSpec(prompt_len=1, max_tokens=300)
     return [
-        ("slm", [PeerMessage(kind="finish", rid=rid, sender="llm", anchor=0, tokens=[7] * 591, finish_reason="length")
+        ("slm", [PeerMessage(kind="ended", rid=rid, sender="llm", anchor=0, tokens=[7] * 591, finish_reason="length")
                  for rid in rids]),
         ("llm", [PeerMessage(kind="release", rid=rid, sender="slm") for rid in rids]),
         ("slm", [PeerMessage(kind="release", rid=rid, sender="llm") for rid in rids]),
