@@ -48,6 +48,13 @@ def pinned_constraints() -> list[str]:
     return [*pins, installed_apart()[0]]
 
 
+def bench_modules() -> set[str]:
+    """The modules of pyproject.toml's optional `bench` dependencies (what the benchmarks import)."""
+    text = (CHECKOUT / "pyproject.toml").read_text()
+    names = re.findall(r'"([A-Za-z0-9_.-]+)', re.search(r"^bench = \[(.*)\]$", text, re.M).group(1))
+    return {name.replace("-", "_") for name in names}
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the installed environment, its site-packages)."""
@@ -78,12 +85,20 @@ def clean_env(venv: Path) -> dict[str, str]:
 def test_the_installed_cli_finds_its_files_in_the_installed_packages(installed, tmp_path: Path) -> None:
     venv, site_packages = installed
     probe = """
-import json, tokenrouter, tokenrouter_engines, tokenrouter_tools
+import importlib, json, pkgutil, tokenrouter, tokenrouter_engines, tokenrouter_tools
 from tokenrouter_engines.recipe import load_recipe
 from tokenrouter.launch.paths import backend_model_file, shipped_config, shipped_configs
+missing = {}
+for package in (tokenrouter, tokenrouter_engines, tokenrouter_tools):
+    for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        try:
+            importlib.import_module(module.name)
+        except ImportError as error:
+            missing[module.name] = error.name or str(error)
 print(json.dumps({"modules": [m.__file__ for m in (tokenrouter, tokenrouter_engines, tokenrouter_tools)],
                   "configs": shipped_configs(), "tiny": str(shipped_config("tiny.yaml")),
-                  "backend": str(backend_model_file()), "recipe": type(load_recipe()).__name__}))
+                  "backend": str(backend_model_file()), "recipe": type(load_recipe()).__name__,
+                  "missing": missing}))
 """
     done = subprocess.run([str(venv / "bin" / "python"), "-c", probe], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env={**os.environ, **clean_env(venv)})
@@ -93,6 +108,12 @@ print(json.dumps({"modules": [m.__file__ for m in (tokenrouter, tokenrouter_engi
         assert Path(path).is_relative_to(site_packages), path
     assert {"tiny.yaml", "qwen2.5-coder.yaml", "qwen2.5-coder-gpu.yaml"} <= set(found["configs"])
     assert found["recipe"] == "PairRecipe"
+    # Every module imports with the declared dependencies alone, but for Triton's module (it exists
+    # only inside a stub) and, in the developer tools, pyproject's optional `bench` dependencies.
+    for module, missing in found["missing"].items():
+        tools = module.startswith("tokenrouter_tools")
+        allowed = {"triton_python_backend_utils"} | (bench_modules() if tools else set())
+        assert missing in allowed, f"{module} imports {missing}, which pyproject.toml does not declare"
 
 
 def test_the_installed_command_serves_the_tiny_pair_from_a_folder_outside_the_checkout(installed, tmp_path) -> None:
