@@ -69,7 +69,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     constraints = venv / "constraints.txt"
     constraints.write_text("\n".join(pinned_constraints()) + "\n")
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile"]
     subprocess.run([*pip, str(wheel), "-c", str(constraints)], check=True, timeout=1200)
     subprocess.run([*pip, "--no-deps", *installed_apart()], check=True, timeout=600)
     site_packages = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
