@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from .test_serve import _descendants, _launch, _stop_and_check
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 # What the wheel installs at the top level of site-packages (besides its .dist-info).
-TOP_LEVEL = {"tokenrouter", "tokenrouter_engines", "tokenrouter_tools", "tokenrouter_configs"}
+TOP_LEVEL = {"tokenrouter", "tokenrouter_engines", "tokenrouter_tools"}
 
 
 def installed_apart() -> list[str]:
@@ -55,12 +57,25 @@ def bench_modules() -> set[str]:
     return {name.replace("-", "_") for name in names}
 
 
+def source_copy(dest: Path) -> Path:
+    """What the wheel is built from, copied: setuptools builds in the source tree and its build/ keeps
+    the files of earlier builds, so a wheel built in the checkout can ship modules that are gone."""
+    shutil.copy(CHECKOUT / "pyproject.toml", dest)
+    shutil.copy(CHECKOUT / "README.md", dest)
+    package_dirs = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for folder in package_dirs.values():
+        skip = shutil.ignore_patterns("__pycache__", "build", "cache")
+        shutil.copytree(CHECKOUT / folder, dest / folder, ignore=skip)
+    return dest
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the installed environment, its site-packages)."""
     wheels = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--wheel-dir", str(wheels), str(CHECKOUT)], check=True, timeout=300)
+                    "--wheel-dir", str(wheels), str(source_copy(tmp_path_factory.mktemp("source")))],
+                   check=True, timeout=300)
     [wheel] = wheels.glob("tokenrouter_triton-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         top = {name.split("/", 1)[0] for name in archive.namelist()}
