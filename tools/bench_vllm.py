@@ -1,4 +1,4 @@
-"""vLLM benchmarks (issue 10), side by side in one run, medians of interleaved reps.
+"""vLLM benchmarks, side by side in one run, medians of interleaved reps.
 
 ``engines``: per model, our vLLM step engine (the adapter, in-process as in a Triton stub) vs vLLM's
 own continuous-batching loop on the very same engine object (the ceiling: what ``LLM.generate``
@@ -10,7 +10,7 @@ in a worker process of its own, so the 1.5B never shares memory with the 0.5B.
 pinned to a core each) against the large model alone on vLLM's own engine (both cores), the same
 HumanEval chat prompts, N concurrent requests, greedy, same stop ids.
 
-``dtypes``: per model, the vLLM step engine in bfloat16 against float32 (issue 23), two engine
+``dtypes``: per model, the vLLM step engine in bfloat16 against float32, two engine
 processes of the same model side by side, reps interleaved: prefill, decode at batch 1 and 8,
 extend k = 1..4 after a pause, and how many greedy rows agree.
 
@@ -109,7 +109,7 @@ def paired_speedup(times: dict[str, list[float]], system: str, baseline: str) ->
 
 # --- dtypes: the vLLM step engine in bfloat16 vs float32 --------------------------------------------
 DTYPES = ("float32", "bfloat16")
-PREFILL_BATCH = (400,) * 8  # the issue's 8 x 400-token prefill
+PREFILL_BATCH = (400,) * 8  # 8 x 400-token prefill
 
 
 def compare_dtypes(role: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -289,7 +289,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=8, help="routing: concurrent requests N")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
-    # The default routes a fixed ~10 % of tokens: the share the issue's target is stated at. A
+    # The default routes a fixed ~10 % of tokens: the share the target is stated at. A
     # signal-driven policy's share moves with the workload (GlimpRouter at 0.01 routed 41 % here).
     parser.add_argument("--policy", default="random")
     parser.add_argument("--policy-params", default='{"rate": 0.1}',

@@ -3,7 +3,7 @@ against a fake image, offline.
 
 A fake "image" is a virtual environment holding stand-in wheels of NVIDIA's torch, vLLM and
 transformers; a local wheel folder plays PyPI, offering newer versions of them (transformers 5.24
-needing torch >= 2.10, as in issue 15) and a stand-in of this project whose dependencies are the real
+needing torch >= 2.10) and a stand-in of this project whose dependencies are the real
 ones from pyproject.toml. pip's own resolver then decides, in dry runs with --report: what the
 script would install, and what a plain `pip install` would have replaced.
 """
@@ -112,7 +112,7 @@ def test_install_adds_the_projects_dependencies_and_keeps_the_images_torch_vllm_
 
 
 def test_a_plain_pip_install_would_replace_the_images_torch(tmp_path, index) -> None:
-    """The failure the constraints prevent (issue 15): an older transformers in the image is upgraded,
+    """The failure the constraints prevent: an older transformers in the image is upgraded,
     and the new one drags in another torch. Shows this test setup can see a replaced torch."""
     python = _image(tmp_path, index, transformers="4.57.1")
     report = tmp_path / "report.json"

@@ -26,10 +26,10 @@ def tiny_tokenizer(tiny_pair: dict[str, Path]) -> Path:
 @pytest.fixture(scope="session")
 def backend_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # python_router is placed only when its model.py exists: the echo repository does not need it
-    from tokenrouter.launch.triton_server import ROUTER_BACKEND_MODEL
+    from tokenrouter.launch.triton_server import BACKEND_MODEL_FILE
 
-    router = ROUTER_BACKEND_MODEL if ROUTER_BACKEND_MODEL.is_file() else None
-    return build_backend_dir(find_triton(), tmp_path_factory.mktemp("backends") / "backends", router)
+    model_file = BACKEND_MODEL_FILE if BACKEND_MODEL_FILE.is_file() else None
+    return build_backend_dir(find_triton(), tmp_path_factory.mktemp("backends") / "backends", model_file)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Streams at more tokens per second than one response per token can carry (issue 14).
+"""Streams at more tokens per second than one response per token can carry.
 
 The shipped simulated A100 pair with its clock switched off (time_scale 0: steps as fast as the
 CPU allows), so each stream produces tokens faster than its paced responses go out (32 streams

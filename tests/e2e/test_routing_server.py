@@ -270,7 +270,7 @@ def test_metrics_count_exactly_what_one_request_did(server):
     assert delta('tokenrouter_queue_wait_seconds_count{model="slm"}') == 1  # admitted once
     for model in ("slm", "llm"):  # both ran steps for it, within its time
         assert 0 < delta(f'tokenrouter_busy_seconds_total{{model="{model}"}}') < took, model
-    # every handoff is one peer call at least (progress and finish messages add more)
+    # every handoff is one peer call at least (progress and ended messages add more)
     sends = sum(delta(f'tokenrouter_peer_send_seconds_count{{model="{model}"}}') for model in ("slm", "llm"))
     assert sends >= 2 * runs - ends_on_llm
 

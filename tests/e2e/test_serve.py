@@ -54,14 +54,15 @@ def _alive(pid: int) -> bool:
 
 
 def _launch(*args: str, python: str = sys.executable, cwd: Path | None = None,
-            env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Ports]:
+            env: dict[str, str] | None = None, command: list[str] | None = None) -> tuple[subprocess.Popen, Ports]:
     """`tokenrouter serve ARGS` on free ports, returned once it says it is ready (the OpenAI server's
-    port: ``launcher.openai_port``)."""
+    port: ``launcher.openai_port``). ``command``: the launcher to run (default: ``python -m`` its module);
+    ``env`` is added to this process's environment."""
     ports, openai_port = Ports.free(), free_port()
     launcher = subprocess.Popen(
         # --ready-timeout: the tiny pair starts in under a minute here; a start seen hanging once
         # (docs/reliability.md, known limits) then fails in 5 minutes with the log, not at pytest's timeout
-        [python, "-m", "tokenrouter.launch.cli", "serve", *args, f"--http-port={ports.http}",
+        [*(command or [python, "-m", "tokenrouter.launch.cli"]), "serve", *args, f"--http-port={ports.http}",
          f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}", f"--openai-port={openai_port}",
          "--triton-arg=--exit-timeout-secs=5",
          *(["--ready-timeout=300"] if not any(a.startswith("--ready-timeout") for a in args) else [])],

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from tokenrouter.policies.base import RoutingPolicy, StepOutput
+from tokenrouter.policies.base import RoutingPolicy, StepResult
 from tokenrouter.policies.networks import build_network, save_router
 from tokenrouter.protocol import PeerMessage, RequestSpec, as_route
 from tokenrouter.runtime.request import RequestState
@@ -40,7 +40,7 @@ def flat(token: int, vocab: int = VOCAB) -> torch.Tensor:
     return logits
 
 
-def route(policy: RoutingPolicy, batch: Sequence[RequestState], out: StepOutput) -> list[str]:
+def route(policy: RoutingPolicy, batch: Sequence[RequestState], out: StepResult) -> list[str]:
     """``policy.route`` on read-only views, its decisions applied to the records the way the
     runtime applies them (state replaced, sampled token replaced); returns the destinations."""
     decisions = [as_route(d) for d in policy.route([r.view() for r in batch], out)]
@@ -58,13 +58,13 @@ def send(policy: RoutingPolicy, request: RequestState, peer: str) -> PeerMessage
 
 
 def step(batch: Sequence[RequestState], logits: Sequence[torch.Tensor],
-         hidden: torch.Tensor | None = None) -> StepOutput:
+         hidden: torch.Tensor | None = None) -> StepResult:
     """A step output whose sampled tokens are the greedy argmax; sets each view's sampled_token."""
     stacked = torch.stack(list(logits)).float()
     sampled = stacked.argmax(dim=-1)
     for request, token in zip(batch, sampled.tolist()):
         request.sampled_token = token
-    return StepOutput(seq_ids=[r.rid for r in batch], sampled=sampled, logits=stacked,
+    return StepResult(seq_ids=[r.rid for r in batch], sampled=sampled, logits=stacked,
                       positions=torch.tensor([len(r.token_ids) for r in batch]), hidden=hidden)
 
 

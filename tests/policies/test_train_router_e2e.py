@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tokenrouter.policies import create_policy
-from tokenrouter.policies.base import RequestView, StepOutput
+from tokenrouter.policies.base import RequestView, StepResult
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.launch.cli import main
 
@@ -39,7 +39,7 @@ def train(pair: dict[str, Path], out: Path, *extra: str) -> int:
                  *QUICK, *extra])
 
 
-def real_step(model_dir: Path, texts: list[str]) -> tuple[list[RequestView], StepOutput]:
+def real_step(model_dir: Path, texts: list[str]) -> tuple[list[RequestView], StepResult]:
     """One decode step of the small model on real prompts, as the engine reports it."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -56,11 +56,11 @@ def real_step(model_dir: Path, texts: list[str]) -> tuple[list[RequestView], Ste
     views = [RequestView(rid=str(i), model="small", model_index=0, token_ids=ids, prompt_len=len(ids), origins=[],
                          spec=RequestSpec(prompt_len=len(ids), max_tokens=8), sampled_token=token)
              for i, (ids, token) in enumerate(zip(prompts, sampled.tolist()))]
-    return views, StepOutput(seq_ids=[v.rid for v in views], sampled=sampled, logits=logits,
+    return views, StepResult(seq_ids=[v.rid for v in views], sampled=sampled, logits=logits,
                              positions=torch.tensor([len(v.token_ids) for v in views]), hidden=torch.stack(hidden))
 
 
-def held_out_positions(model_dir: Path, text: str) -> tuple[list[RequestView], StepOutput]:
+def held_out_positions(model_dir: Path, text: str) -> tuple[list[RequestView], StepResult]:
     """Every position of ``text`` (code the router never saw: this project's, not the stdlib it
     trains on), teacher-forced through the small model, as one step of many rows."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -72,7 +72,7 @@ def held_out_positions(model_dir: Path, text: str) -> tuple[list[RequestView], S
     views = [RequestView(rid=str(i), model="small", model_index=0, token_ids=ids[:i + 2], prompt_len=i + 2, origins=[],
                          spec=RequestSpec(prompt_len=i + 2, max_tokens=8), sampled_token=token)
              for i, token in enumerate(sampled.tolist())]
-    return views, StepOutput(seq_ids=[v.rid for v in views], sampled=sampled, logits=logits,
+    return views, StepResult(seq_ids=[v.rid for v in views], sampled=sampled, logits=logits,
                              positions=torch.tensor([len(v.token_ids) for v in views]), hidden=hidden)
 
 

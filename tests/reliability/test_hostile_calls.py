@@ -42,7 +42,7 @@ def _server_alive_and_serving(server) -> None:
 
 @pytest.mark.parametrize("model", ["llm", "slm"])
 def test_token_request_straight_to_a_subserver_over_http_is_4xx_and_the_server_lives(routing_server, model):
-    # the repro from issue 13: llm is not the entry model; slm with a bad body must not crash either
+    # llm is not the entry model; slm with a bad body must not crash either
     body = {"input_ids": [1, 2, 3], "max_tokens": 4} if model == "llm" else {"input_ids": [1, 2, 3], "max_tokens": -4}
     status, text = http_post(routing_server.http_url, f"/v2/models/{model}/generate", body)
     assert 400 <= status < 500, (status, text)
@@ -61,7 +61,7 @@ def _forged_messages() -> list[tuple[str, list[PeerMessage]]]:
     rids = [f"slm-{n}" for n in range(200)]
     spec = RequestSpec(prompt_len=1, max_tokens=300)
     return [
-        ("slm", [PeerMessage(kind="finish", rid=rid, sender="llm", anchor=0, tokens=[7] * 591, finish_reason="length")
+        ("slm", [PeerMessage(kind="ended", rid=rid, sender="llm", anchor=0, tokens=[7] * 591, finish_reason="length")
                  for rid in rids]),
         ("llm", [PeerMessage(kind="release", rid=rid, sender="slm") for rid in rids]),
         ("slm", [PeerMessage(kind="release", rid=rid, sender="llm") for rid in rids]),

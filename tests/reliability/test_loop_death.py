@@ -37,7 +37,7 @@ from tokenrouter.serving.subserver.backend_model import TritonPythonModel as Bac
 class TritonPythonModel(Backend):
     def initialize(self, args):
         super().initialize(args)
-        subserver = self.role.subserver
+        subserver = self.model.subserver
         execute = subserver._execute
 
         def broken(batch):

@@ -10,7 +10,7 @@ from typing import Sequence
 import pytest
 
 from tokenrouter import ServerBusy, TokenRouter
-from tokenrouter.policies.base import RequestView, RoutingPolicy, StepOutput, register_policy, registered_policies
+from tokenrouter.policies.base import RequestView, RoutingPolicy, StepResult, register_policy, registered_policies
 from tokenrouter.runtime.api import GenerationError
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.runtime.assembly import build_policy
@@ -145,7 +145,7 @@ class RoundRobin(RoutingPolicy):
 
     name = "test_round_robin"
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
+    def route(self, batch: Sequence[RequestView], out: StepResult) -> list[str]:
         return [self.models[(self.index(r.model) + 1) % len(self.models)] for r in batch]
 
 
@@ -192,7 +192,7 @@ class Nowhere(RoutingPolicy):
 
     name = "test_nowhere"
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
+    def route(self, batch: Sequence[RequestView], out: StepResult) -> list[str]:
         return ["nowhere" for _ in batch]
 
 

@@ -428,7 +428,7 @@ def test_a_peer_that_loses_the_entry_releases_everything_and_one_that_loses_anot
                                      request=RequestSpec(prompt_len=3, max_tokens=8)), 0.0))
     policy.plan[("b", "r1")] = "c"
     sends(step(b, b.schedule(0.0), [4, 5]), "handoff")
-    reported = sends(b.peer_lost("c", "model 'c' is unreachable", 0.1), "finish")
+    reported = sends(b.peer_lost("c", "model 'c' is unreachable", 0.1), "ended")
     assert [(s.peer, s.message.rid, s.message.state) for s in reported] == [
         ("a", "r1", {"error": "model 'c' is unreachable"})]
     assert set(b.requests) == {"r0"}
@@ -469,12 +469,12 @@ def test_messages_that_do_not_fit_are_dropped_and_counted_never_raised():
     a.tick(0.0)
     bad = [
         (a, PeerMessage(kind="progress", rid="ghost", sender="b", anchor=3, tokens=[1], origins=[1])),
-        (a, PeerMessage(kind="finish", rid="ghost", sender="b", finish_reason="eos")),
+        (a, PeerMessage(kind="ended", rid="ghost", sender="b", finish_reason="eos")),
         (a, PeerMessage(kind="progress", rid="r0", sender="b", anchor=3, tokens=[1], origins=[1])),  # held here
         (a, PeerMessage(kind="release", rid="r0", sender="b")),
         (a, PeerMessage(kind="handoff", rid="r0", sender="zz", anchor=3, tokens=[1], origins=[1])),
         (b, PeerMessage(kind="handoff", rid="r9", sender="a", anchor=0, tokens=[1], origins=[-1])),  # no spec
-        (b, PeerMessage(kind="finish", rid="r9", sender="a")),
+        (b, PeerMessage(kind="ended", rid="r9", sender="a")),
         (b, PeerMessage(kind="release", rid="never", sender="a")),
     ]
     for target, message in bad:
@@ -486,7 +486,7 @@ def test_messages_that_do_not_fit_are_dropped_and_counted_never_raised():
                                     request=RequestSpec(prompt_len=3, max_tokens=8)), 0.0) == []
     assert a.stats.dropped_messages == {"unknown request": 2, "progress for a request held here": 1,
                                         "release sent to the entry": 1, "unknown sender": 1}
-    assert b.stats.dropped_messages == {"unknown request": 1, "finish sent to a peer": 1,
+    assert b.stats.dropped_messages == {"unknown request": 1, "ended sent to a peer": 1,
                                         "release for a request never held": 1, "duplicate first visit": 1}
     assert list(a.requests) == ["r0"] and a.requests["r0"].here and list(b.requests) == ["r1"]
 

@@ -1,5 +1,5 @@
-"""The docs stay true: the example config in docs/config.md loads, and the policy list there
-names every registered policy."""
+"""The docs stay true: the example config in docs/config.md loads, and the policy, strategy and
+engine lists there and in docs/runtime.md name exactly what the code's one table of each holds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from tokenrouter.config import load_config
+from tokenrouter.config import ENGINE_KINDS, STRATEGIES, load_config
 from tokenrouter.policies import registered_policies
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -28,6 +28,24 @@ def test_config_reference_lists_every_policy():
     documented = set(re.findall(r"`(\w+)`", row)) - {"name"}
     shipped = {name for name, cls in registered_policies().items() if cls.__module__.startswith("tokenrouter.")}
     assert documented == shipped  # tests register policies of their own; those are not shipped
+
+
+def config_row(field: str) -> set[str]:
+    """The backticked names in docs/config.md's reference row of ``field``, the field's own left out."""
+    text = (DOCS / "config.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{field}` |"))
+    return set(re.findall(r"`(\w+)`", row)) - {field}
+
+
+def test_config_reference_lists_the_strategies_and_engines():
+    assert config_row("strategy") == set(STRATEGIES)
+    assert config_row("engine") == set(ENGINE_KINDS)
+
+
+def test_runtime_docs_list_the_strategies():
+    text = (DOCS / "runtime.md").read_text()
+    table = text.split("## Strategies (for comparison)", 1)[1].split("\n\n", 2)[1]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.M) == list(STRATEGIES)
 
 
 def test_every_scheduling_rule_names_tests_that_exist():

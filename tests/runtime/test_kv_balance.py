@@ -9,7 +9,7 @@ from typing import Sequence
 
 import pytest
 
-from tokenrouter.policies.base import RequestView, StepOutput, register_policy, registered_policies
+from tokenrouter.policies.base import RequestView, StepResult, register_policy, registered_policies
 from tokenrouter.policies.simple import RandomRouting
 from tokenrouter.runtime.api import TokenRouter
 
@@ -21,7 +21,7 @@ class FaultyRouting(RandomRouting):
 
     name = "test_faulty"
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
+    def route(self, batch: Sequence[RequestView], out: StepResult) -> list[str]:
         destinations = super().route(batch, out)
         for i, request in enumerate(batch):
             if request.num_generated < 3:

@@ -3,8 +3,8 @@
     tokenrouter bench validate [--N 2 3 4 5 6 7 8] [--reps 1]          model vs measurement (simulated)
     tokenrouter bench compare --engine sim|tiny|real [--clients 8]     systems side by side, ratios vs targets
     tokenrouter bench sweep --engine sim [--concurrency 1 2 4 8 16]     workloads x concurrency x systems
-    tokenrouter bench served [--config configs/tiny.yaml] [--clients 8 ...]  Triton gRPC vs embedded (issues 4, 14)
-    tokenrouter bench served --systems served openai                   the OpenAI server vs gRPC (issue 26)
+    tokenrouter bench served [--config configs/tiny.yaml] [--clients 8 ...]  Triton gRPC vs embedded
+    tokenrouter bench served --systems served openai                   the OpenAI server vs gRPC
     tokenrouter bench served --systems served two-servers [--peer-delays-ms 0.5 2]  one model per server (27)
     tokenrouter bench against REF [--rounds 3] [--served "OPTIONS"]   this tree vs commit REF, served suite
 """
@@ -54,15 +54,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     _common(p, reps=1)
 
-    p = suites.add_parser("served", help="served (Triton gRPC) vs embedded vs the OpenAI server on one config "
-                                         "(issues 4, 14, 26)")
+    p = suites.add_parser("served", help="served (Triton gRPC) vs embedded vs the OpenAI server on one config")
     p.add_argument("--config", type=Path, help="YAML config (default: configs/tiny.yaml on the tiny pair; "
                                               "configs/sim-a100.yaml: the simulated A100 pair)")
     p.add_argument("--clients", type=int, nargs="+", default=[8], help="concurrencies, all on one server")
     p.add_argument("--systems", nargs="+", choices=served.SYSTEMS, default=list(served.DEFAULT_SYSTEMS),
                    metavar="SYSTEM", help="of embedded (the Python API), served (Triton gRPC), openai (the OpenAI "
                                           "server beside Triton), two-servers (one model per Triton server on "
-                                          "loopback, issue 27); default: embedded served")
+                                          "loopback); default: embedded served")
     p.add_argument("--peer-delays-ms", type=float, nargs="+", default=[0.0], metavar="MS",
                    help="two-servers: one deployment per delay added to every peer message (transport.delay_ms), "
                         "each compared with the one without (default: 0 only)")

@@ -27,11 +27,11 @@ class RatioTarget:
     source: str
 
 
-# What the issues ask, per engine setup.
+# The targets, per engine setup.
 TARGETS: dict[str, list[RatioTarget]] = {
-    "sim": [RatioTarget("tokenrouter", "std_serving", 3.0, "issue 6: TokenRouter vs Std. Serving"),
-            RatioTarget("tokenrouter", "eager_async", 1.25, "issue 6: TokenRouter vs Eager-Async")],
-    "real": [RatioTarget("tokenrouter", "llm_only", 1.0, "issue 6: ~10 % routed beats LLM-only")],
+    "sim": [RatioTarget("tokenrouter", "std_serving", 3.0, "TokenRouter vs Std. Serving"),
+            RatioTarget("tokenrouter", "eager_async", 1.25, "TokenRouter vs Eager-Async")],
+    "real": [RatioTarget("tokenrouter", "llm_only", 1.0, "~10 % routed beats LLM-only")],
 }
 BUSY_TARGET = 0.9  # the large model's busy fraction when it is the bottleneck
 

@@ -102,7 +102,7 @@ def plot_served(result: dict[str, Any], path: Path) -> Path:
         where = "this process" if system == "embedded" else "server"
         axes[2].plot(xs, [_nan(m["cpu_ms_per_token"][where]) for m in medians], style,
                      label=f"{system} ({where})")
-    axes[2].axhline(0.5, color="grey", linestyle=":", label="issue 14 target (server)")
+    axes[2].axhline(0.5, color="grey", linestyle=":", label="target (server)")
     for ax, label in zip(axes, ("tokens/s", "TTFT p50 ms", "CPU ms per output token")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])

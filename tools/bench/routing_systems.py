@@ -55,9 +55,9 @@ Generate = Callable[[Requests], Outputs]
 
 @contextlib.contextmanager
 def embedded_tokenrouter(config: TokenRouterConfig) -> Iterator[Generate]:
-    with TokenRouter(config) as router:
+    with TokenRouter(config) as system:
         def generate(requests: Requests) -> Outputs:
-            results = router.generate(requests.ids, max_tokens=requests.max_tokens, timeout=3600)
+            results = system.generate(requests.ids, max_tokens=requests.max_tokens, timeout=3600)
             large = sum(round(r.large_model_share * len(r.token_ids)) for r in results)
             return Outputs([list(r.token_ids) for r in results], large)
 

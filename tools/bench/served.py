@@ -1,5 +1,5 @@
-"""Served vs embedded (issues 4 and 14), the OpenAI path vs the gRPC path (issue 26), and one model
-per server vs one server (issue 27): the same config through a real Triton (gRPC streaming), through
+"""Served vs embedded, the OpenAI path vs the gRPC path, and one model
+per server vs one server: the same config through a real Triton (gRPC streaming), through
 the OpenAI-compatible server beside it (SSE over HTTP, then the same gRPC stream), through two
 Triton servers on loopback with one model each (peer messages over the gRPC links, optionally with an
 injected delay per message: ``two-servers+0.5ms``) and through the embedded Python API, alternating
@@ -57,7 +57,7 @@ def two_servers(delay_ms: float) -> str:
 
 @dataclass(frozen=True)
 class Comparison:
-    """``numerator`` against ``denominator`` at one N, with its issue's targets: throughput ratio at least
+    """``numerator`` against ``denominator`` at one N, with its targets: throughput ratio at least
     ``throughput``, TTFT ratio at most ``ttft``; server CPU per output token at most ``cpu_ms``: the
     numerator's whole server's, or (``added_by``) that of the one process its path adds. The difference
     of the two servers' totals is reported too; on a shared machine it also holds the noise of every
@@ -76,14 +76,14 @@ class Comparison:
 
 
 COMPARISONS = (
-    Comparison("served", "embedded", throughput=0.9, ttft=2.0, cpu_ms=0.5),  # issues 4 and 14
+    Comparison("served", "embedded", throughput=0.9, ttft=2.0, cpu_ms=0.5),
     Comparison("openai", "served", throughput=0.95, ttft=1.2, cpu_ms=0.1, added_by=f"server: {OPENAI_SERVER}"),  # 26
     Comparison(TWO_SERVERS, "served", throughput=0.95, ttft=1.2, cpu_ms=None),  # 27
 )
 
 
 def delay_comparisons(delays_ms: Sequence[float]) -> list[Comparison]:
-    """Each injected delay against none (issue 27; the throughput model's prediction is apart)."""
+    """Each injected delay against none (the throughput model's prediction is apart)."""
     return [Comparison(two_servers(d), TWO_SERVERS, throughput=None, ttft=None, cpu_ms=None) for d in delays_ms if d]
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenrouter.config import load_config
+from tokenrouter.config import STRATEGIES, load_config
 from tokenrouter.engine.base import Engine
 from tokenrouter.policies.base import create_policy
 from tokenrouter.runtime.api import TokenRouter
@@ -27,11 +27,10 @@ from .stdserving import StdServingTarget
 from .targets import STEP_LOG, EmbeddedTarget, Target
 from .thresholds import step_latencies, thresholds_by_n
 
-SYSTEMS = ("llm_only", "slm_only", "std_serving", "r2r_lockstep", "step_sync", "model_sync", "eager_async",
-           "tokenrouter")
-STRATEGY = {"r2r_lockstep": "step_sync", "step_sync": "step_sync", "model_sync": "model_sync",
-            "eager_async": "eager_async", "tokenrouter": "tokenrouter", "llm_only": "eager_async",
-            "slm_only": "eager_async"}
+# The baselines, then every scheduling strategy as a system of its own name (tokenrouter last).
+SYSTEMS = ("llm_only", "slm_only", "std_serving", "r2r_lockstep", *reversed(STRATEGIES))
+STRATEGY = {"r2r_lockstep": "step_sync", "llm_only": "eager_async", "slm_only": "eager_async",
+            **{name: name for name in STRATEGIES}}
 
 
 def is_lockstep(system: str) -> bool:

@@ -26,7 +26,7 @@ from .setups import LARGE, SMALL, sim_setup
 from .systems import SystemFactory
 from .thresholds import random_routing, step_latencies
 
-TOLERANCE = 0.10  # issue 6: predicted within 10 % of measured
+TOLERANCE = 0.10  # predicted within 10 % of measured
 DELTA_S = 1e-4  # the paper's grid; the profile latencies are multiples of it
 # Run next to every N: the small model alone, whose throughput is known exactly (N / L_0(N)). Its
 # error is what the runtime itself costs on this machine at that moment, with no routing at all.

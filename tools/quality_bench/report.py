@@ -1,5 +1,5 @@
 """Summaries of policy runs: pass@1 with its standard error, the gain ratio against the two
-single-model baselines, the issue's target, the JSON file, the markdown table and the frontier plot."""
+single-model baselines, the target, the JSON file, the markdown table and the frontier plot."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from .runner import PolicyRun
 
-# The issue's target: at least this share of LLM-only's pass@1 gain over SLM-only ...
+# The target: at least this share of LLM-only's pass@1 gain over SLM-only ...
 TARGET_GAIN_RATIO = 0.8
 # ... with at most this share of the output tokens written by the large model.
 TARGET_LARGE_SHARE = 0.25

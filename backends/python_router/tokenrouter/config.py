@@ -9,13 +9,17 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, Union, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-STRATEGIES = ("tokenrouter", "eager_async", "step_sync", "model_sync")
-ENGINE_KINDS = ("vllm", "torch", "simulated", "tensorrt_llm")
+# The one table of scheduling strategies (runtime/strategies.py builds them) and the one table of
+# engines (engine/factory.py builds them); both assert that they cover exactly these names.
+StrategyName = Literal["tokenrouter", "eager_async", "model_sync", "step_sync"]
+STRATEGIES: tuple[str, ...] = get_args(StrategyName)
+EngineName = Literal["vllm", "torch", "simulated", "tensorrt_llm"]
+ENGINE_KINDS: tuple[str, ...] = get_args(EngineName)
 
 Threshold = Union[int, list[int], Literal["auto"]]
 
@@ -32,7 +36,7 @@ class ModelSpec(_Strict):
     """One subserver: its engine and its batching knobs."""
 
     path: str | None = Field(None, description="HF safetensors directory or a .gguf file (torch engine)")
-    engine: Literal["vllm", "torch", "simulated", "tensorrt_llm"] = "torch"
+    engine: EngineName = "torch"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto: bfloat16 for vllm on CPUs with AMX/AVX-512 BF16, the checkpoint's on GPU, "
                             "float32 for the torch engine (the exact oracle) and otherwise",
@@ -144,7 +148,7 @@ class PolicySpec(_Strict):
 
 
 class SchedulingSpec(_Strict):
-    strategy: Literal["tokenrouter", "eager_async", "step_sync", "model_sync"] = "tokenrouter"
+    strategy: StrategyName = "tokenrouter"
     max_wait_ms: float = Field(
         20.0, ge=0, description="longest a runnable request waits for its batch threshold (no starvation)"
     )
@@ -284,9 +288,6 @@ class TokenRouterConfig(_Strict):
     @property
     def tokenizer_path(self) -> str | None:
         return self.tokenizer or self.models[self.entry].path
-
-    def thresholds_at(self, active: int) -> dict[str, int | None]:
-        return {name: spec.threshold_at(active) for name, spec in self.models.items()}
 
 
 def check_thresholds(models: dict[str, ModelSpec], max_active: int) -> None:

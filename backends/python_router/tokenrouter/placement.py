@@ -28,11 +28,6 @@ NODE_LOCAL_FIELDS = frozenset({"device", "cpus", "threads", "gpu_memory_utilizat
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def is_split(config: TokenRouterConfig) -> bool:
-    """Whether the models run on several servers (config.py checks: every model names one, or none)."""
-    return any(spec.server is not None for spec in config.models.values())
-
-
 def nodes(config: TokenRouterConfig) -> dict[str, list[str]]:
     """Server address -> the models it runs, in model order; {} when everything runs in one server."""
     placed: dict[str, list[str]] = {}

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, Protocol, overload
 
-MessageKind = Literal["handoff", "progress", "finish", "release", "active", "estimates"]
+MessageKind = Literal["handoff", "progress", "ended", "release", "active", "estimates"]
 
 
 @dataclass
@@ -55,8 +55,9 @@ class PeerMessage:
                 sender sampled in its last step (then the sender committed it as it left);
                 otherwise the receiver regenerates that position.
       progress  tokens the holder committed (so the entry can stream them); no transfer of control
-      finish    the holder finished the request (``finish_reason``); sent to the entry
-      release   free the request's KV and forget it (after finish, cancel or error)
+      ended     the request ended at its holder, finished or failed (``finish_reason``, "error" for a
+                failure); sent to the entry, which ends it everywhere
+      release   free the request's KV and forget it (after it finished, was cancelled or failed)
       active    the global count of active requests changed (for thresholds that depend on N)
       estimates what the sender observed of its own model, in ``state`` (for ``batch_threshold:
                 auto`` when each model runs in its own process)

@@ -29,10 +29,6 @@ class BlockPool:
     def num_free(self) -> int:
         return len(self._free)
 
-    @property
-    def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
-
     def __contains__(self, seq_id: Hashable) -> bool:
         return seq_id in self._tables
 

@@ -1,6 +1,6 @@
 """Where the command line finds its files.
 
-Shipped files (the configs, the Triton backend entry, the model recipes) come from the installed
+Shipped files (the configs, the Triton backend's model file, the model recipes) come from the installed
 packages, so a plain ``pip install .`` works from any folder. Work files live in the project
 folder, the current directory: the model repository ``tokenrouter serve`` serves by default
 (``model_repository/``, which also holds trained routers) and run-time state (``.runtime/``, or
@@ -19,18 +19,18 @@ STATE_ENV = "TOKENROUTER_HOME"
 
 def shipped_config(name: str) -> Path:
     """A config that ships with the package (``configs/`` in the source tree), e.g. ``tiny.yaml``."""
-    path = Path(str(resources.files("tokenrouter_configs") / name))
+    path = Path(str(resources.files("tokenrouter.configs") / name))
     if not path.is_file():
         raise FileNotFoundError(f"no shipped config named {name!r} (have: {', '.join(shipped_configs())})")
     return path
 
 
 def shipped_configs() -> list[str]:
-    return sorted(entry.name for entry in resources.files("tokenrouter_configs").iterdir()
+    return sorted(entry.name for entry in resources.files("tokenrouter.configs").iterdir()
                   if entry.name.endswith(".yaml"))
 
 
-def backend_entry() -> Path:
+def backend_model_file() -> Path:
     """The file Triton loads as ``python_router/model.py`` (found without importing Triton's utils)."""
     spec = importlib.util.find_spec("tokenrouter.serving.subserver.backend_model")
     assert spec is not None and spec.origin is not None

@@ -31,7 +31,7 @@ from .openai_process import API_KEY_ENV, OpenAIServer
 from .paths import model_repository_dir, runtime_dir, shipped_config
 from .supervisor import Supervisor
 from .triton_server import (
-    ADMIN_HEADER, ROUTER_BACKEND_MODEL, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
+    ADMIN_HEADER, BACKEND_MODEL_FILE, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
 )
 
 RUNTIME = runtime_dir()
@@ -179,12 +179,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         repository = prepare_repository(args)
         install = find_triton()
-        router = ROUTER_BACKEND_MODEL if ROUTER_BACKEND_MODEL.is_file() else None
-        if router is None:
-            print(f"tokenrouter serve: warning: {ROUTER_BACKEND_MODEL} is missing; python_router models cannot load",
+        model_file = BACKEND_MODEL_FILE if BACKEND_MODEL_FILE.is_file() else None
+        if model_file is None:
+            print(f"tokenrouter serve: warning: {BACKEND_MODEL_FILE} is missing; python_router models cannot load",
                   file=sys.stderr)
         _remove_stale_runtime_dirs()
-        backend_dir = build_backend_dir(install, RUNTIME / f"serve-{os.getpid()}" / "backends", router)
+        backend_dir = build_backend_dir(install, RUNTIME / f"serve-{os.getpid()}" / "backends", model_file)
         if _needs_pair_secret(repository):
             pair_secret()  # here, not in a stub's load: the message says how to give it
             move_secret_to_file(backend_dir.parent)

@@ -32,9 +32,9 @@ from typing import Callable, TextIO
 from tokenrouter.serving.peer_auth import control_parameters, new_secret, secret_path, server_secret
 from tokenrouter.serving.schema import PEER_INPUT
 
-from .paths import backend_entry
+from .paths import backend_model_file
 
-ROUTER_BACKEND_MODEL = backend_entry()
+BACKEND_MODEL_FILE = backend_model_file()
 SYSTEM_TRITON_HOME = Path("/opt/tritonserver")
 
 
@@ -139,7 +139,7 @@ def find_triton() -> TritonInstall:
     return TritonInstall(binary=home / "bin" / "tritonserver", backends=home / "backends", lib_dirs=(libs,), stub=stub)
 
 
-def build_backend_dir(install: TritonInstall, dest: Path, router_model: Path | None = ROUTER_BACKEND_MODEL) -> Path:
+def build_backend_dir(install: TritonInstall, dest: Path, model_file: Path | None = BACKEND_MODEL_FILE) -> Path:
     """Make ``dest`` a backend directory: the installation's backends plus python_router.
 
     The stub is copied (not linked) because the Python backend looks for it next to
@@ -156,11 +156,11 @@ def build_backend_dir(install: TritonInstall, dest: Path, router_model: Path | N
             shutil.copy2(install.stub, dest / "python" / install.stub.name)
         else:
             (dest / backend.name).symlink_to(backend.resolve(), target_is_directory=True)
-    if router_model is not None:
-        if not router_model.is_file():
-            raise TritonError(f"the python_router backend is missing: {router_model} does not exist")
+    if model_file is not None:
+        if not model_file.is_file():
+            raise TritonError(f"the python_router backend is missing: {model_file} does not exist")
         (dest / "python_router").mkdir()
-        (dest / "python_router" / "model.py").symlink_to(router_model.resolve())
+        (dest / "python_router" / "model.py").symlink_to(model_file.resolve())
     return dest
 
 

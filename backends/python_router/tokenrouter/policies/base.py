@@ -28,8 +28,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..engine.base import SamplingParams, StepResult
 from ..protocol import PeerMessage, RequestSpec, RequestView, Route
 
-StepOutput = StepResult
-
 
 class PolicyError(ValueError):
     """A policy name or parameter that cannot work; the message says what is allowed."""
@@ -85,7 +83,7 @@ class RoutingPolicy:
             raise PolicyError(f"policy '{cls.name}': {problems} (parameters: {allowed})") from None
 
     # --- the three functions ------------------------------------------------------------------
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str | Route]:
+    def route(self, batch: Sequence[RequestView], out: StepResult) -> list[str | Route]:
         return [request.model for request in batch]
 
     def send(self, request: RequestView, peer: str) -> PeerMessage:

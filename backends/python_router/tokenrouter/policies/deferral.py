@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 
 from ..protocol import PeerMessage, Route
-from .base import PolicyError, PolicyParams, RequestView, RoutingPolicy, StepOutput
+from .base import PolicyError, PolicyParams, RequestView, RoutingPolicy, StepResult
 
 
 class DeferralParams(PolicyParams):
@@ -37,16 +37,16 @@ class DeferralPolicy(RoutingPolicy):
         super().__init__(*args, **kwargs)
         self.run_length = self.params.run_length
 
-    def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
+    def defer(self, request: RequestView, out: StepResult, row: int) -> bool:
         """On the small model: send this position to the large model?"""
         raise NotImplementedError
 
-    def hand_back(self, request: RequestView, out: StepOutput, row: int, large_tokens: int) -> bool:
+    def hand_back(self, request: RequestView, out: StepResult, row: int, large_tokens: int) -> bool:
         """On the large model, after it sampled ``out.sampled[row]``, its ``large_tokens``-th token
         of this run: return to the small model?"""
         return large_tokens >= self.run_length
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str | Route]:
+    def route(self, batch: Sequence[RequestView], out: StepResult) -> list[str | Route]:
         decisions: list[str | Route] = []
         for row, request in enumerate(batch):
             if request.model == self.small:
@@ -63,7 +63,7 @@ class DeferralPolicy(RoutingPolicy):
         return request.message_to(peer, keep_sampled=True, state={})
 
 
-def row_hidden(policy: RoutingPolicy, out: StepOutput, row: int, size: int) -> torch.Tensor:
+def row_hidden(policy: RoutingPolicy, out: StepResult, row: int, size: int) -> torch.Tensor:
     """The last hidden state of one row as [1, H] float32; a clear error when the engine left it
     out or when its width is not the ``size`` the router was trained for."""
     if out.hidden is None:
@@ -74,7 +74,7 @@ def row_hidden(policy: RoutingPolicy, out: StepOutput, row: int, size: int) -> t
     return out.hidden[row:row + 1].float().cpu()
 
 
-def row_topk(out: StepOutput, row: int, k: int) -> torch.Tensor:
+def row_topk(out: StepResult, row: int, k: int) -> torch.Tensor:
     """The row's top-k logits as [1, k], sorted descending; from the engine when it gave them."""
     if out.topk_values is not None and out.topk_values.shape[-1] >= k:
         values = out.topk_values[row:row + 1].float().cpu()

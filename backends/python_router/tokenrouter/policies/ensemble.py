@@ -1,4 +1,5 @@
-"""ME: a weighted ensemble of M >= 2 models' next-token distributions, at every token.
+"""ME, the multi-model ensemble policy (`ensemble` in a config; not the `ensemble` front): a weighted
+ensemble of M >= 2 models' next-token distributions, at every token.
 
 Each token visits every model once, in ring order (the entry first, then the others in config
 order): each model adds ``weight * softmax(its logits)`` to the request's state and passes it on
@@ -20,23 +21,23 @@ from ..engine.sampling import sample_tokens
 from ..protocol import PeerMessage, Route
 from pydantic import Field
 
-from .base import PolicyError, PolicyParams, RequestView, RoutingPolicy, StepOutput, register_policy, sampling_of
+from .base import PolicyError, PolicyParams, RequestView, RoutingPolicy, StepResult, register_policy, sampling_of
 
 DEFAULT_WEIGHTS = (0.5, 0.3, 0.2)  # the paper's weights over 0.6B/8B/32B, in config order
 
 
-class EnsembleParams(PolicyParams):
+class MultiModelEnsembleParams(PolicyParams):
     weights: list[float] | dict[str, float] | None = None  # checked against the model list below
     carry_top_k: int = Field(64, ge=1, description="entries of each intermediate contribution that travel")
 
 
 @register_policy
-class Ensemble(RoutingPolicy):
+class MultiModelEnsemble(RoutingPolicy):
     """params: weights (list in config model order, or {model: weight}; default 0.5/0.3/0.2
     truncated to the models and normalized, uniform beyond three), carry_top_k (64)."""
 
     name = "ensemble"
-    Params = EnsembleParams
+    Params = MultiModelEnsembleParams
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -66,7 +67,7 @@ class Ensemble(RoutingPolicy):
         """weight * softmax(logits) for one row [V], in float64."""
         return self.weights_by_model[model] * torch.softmax(logits.double(), dim=-1)
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[Route]:
+    def route(self, batch: Sequence[RequestView], out: StepResult) -> list[Route]:
         decisions = []
         for row, request in enumerate(batch):
             position = self.ring.index(request.model)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from .base import RequestView, StepOutput, register_policy
+from .base import RequestView, StepResult, register_policy
 from .deferral import DeferralParams, DeferralPolicy
 from .r_stitch import row_entropy
 
@@ -46,7 +46,7 @@ class GlimpRouter(DeferralPolicy):
             return True
         return request.token_ids[-1] in self.step_end_ids
 
-    def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
+    def defer(self, request: RequestView, out: StepResult, row: int) -> bool:
         if not self.step_start(request):
             return False
         if row_entropy(out, row) > self.threshold:
@@ -54,7 +54,7 @@ class GlimpRouter(DeferralPolicy):
         top = float(torch.softmax(out.logits[row].float(), dim=-1).max())
         return top < self.min_confidence
 
-    def hand_back(self, request: RequestView, out: StepOutput, row: int, large_tokens: int) -> bool:
+    def hand_back(self, request: RequestView, out: StepResult, row: int, large_tokens: int) -> bool:
         if not self.step_end_ids:
             return super().hand_back(request, out, row, large_tokens)
         ended = int(out.sampled[row]) in self.step_end_ids

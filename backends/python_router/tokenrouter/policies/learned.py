@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import RequestView, StepOutput
+from .base import RequestView, StepResult
 from .deferral import DeferralParams, DeferralPolicy, row_hidden
 from .networks import load_router
 
@@ -29,15 +29,15 @@ class LearnedDeferral(DeferralPolicy):
         self.router = load_router(self.weights, self.name)
         self.threshold = self.router.threshold if self.params.threshold is None else self.params.threshold
 
-    def logit(self, hidden: torch.Tensor, out: StepOutput, row: int) -> torch.Tensor:
+    def logit(self, hidden: torch.Tensor, out: StepResult, row: int) -> torch.Tensor:
         """The router's logit for one row, given its hidden state [1, H]. Default: a hidden-state head."""
         return self.router.network(hidden)
 
     @torch.inference_mode()
-    def score(self, out: StepOutput, row: int) -> float:
+    def score(self, out: StepResult, row: int) -> float:
         """Probability that this position belongs to the large model."""
         hidden = row_hidden(self, out, row, self.router.hidden_size)
         return float(torch.sigmoid(self.logit(hidden, out, row))[0])
 
-    def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
+    def defer(self, request: RequestView, out: StepResult, row: int) -> bool:
         return self.score(out, row) >= self.threshold

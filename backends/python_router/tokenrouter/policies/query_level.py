@@ -19,7 +19,7 @@ from typing import Literal, Sequence
 import torch
 
 from ..protocol import PeerMessage, Route
-from .base import PolicyParams, RequestView, RoutingPolicy, StepOutput, register_policy
+from .base import PolicyParams, RequestView, RoutingPolicy, StepResult, register_policy
 from .deferral import row_hidden
 from .networks import load_router
 from .r_stitch import row_entropy
@@ -53,7 +53,7 @@ class QueryLevel(RoutingPolicy):
         self.threshold = default if self.params.threshold is None else self.params.threshold
 
     @torch.inference_mode()
-    def wants_large(self, request: RequestView, out: StepOutput, row: int) -> bool:
+    def wants_large(self, request: RequestView, out: StepResult, row: int) -> bool:
         if self.mode == "length":
             return request.prompt_len >= self.min_prompt_tokens
         if self.mode == "entropy":
@@ -61,7 +61,7 @@ class QueryLevel(RoutingPolicy):
         logit = self.router.network(row_hidden(self, out, row, self.router.hidden_size))
         return float(torch.sigmoid(logit)[0]) >= self.threshold
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str | Route]:
+    def route(self, batch: Sequence[RequestView], out: StepResult) -> list[str | Route]:
         decisions: list[str | Route] = []
         for row, request in enumerate(batch):
             if "query_model" in request.state:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import StepOutput, register_policy
+from .base import StepResult, register_policy
 from .deferral import row_topk
 from .learned import LearnedDeferral
 
@@ -25,6 +25,6 @@ class R2R(LearnedDeferral):
         super().__init__(*args, **kwargs)
         self.top_logits = int(self.router.architecture["top_k"])
 
-    def logit(self, hidden: torch.Tensor, out: StepOutput, row: int) -> torch.Tensor:
+    def logit(self, hidden: torch.Tensor, out: StepResult, row: int) -> torch.Tensor:
         token = out.sampled[row:row + 1].cpu()
         return self.router.network(hidden, token, row_topk(out, row, self.top_logits))

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .base import RequestView, StepOutput, register_policy
+from .base import RequestView, StepResult, register_policy
 from .deferral import DeferralParams, DeferralPolicy
 
 
@@ -26,7 +26,7 @@ def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
     return entropy / math.log(logits.shape[-1])
 
 
-def row_entropy(out: StepOutput, row: int) -> float:
+def row_entropy(out: StepResult, row: int) -> float:
     """Normalized entropy of one row, computed alone (batch-independent; see deferral.py)."""
     return float(normalized_entropy(out.logits[row:row + 1])[0])
 
@@ -43,8 +43,8 @@ class RStitch(DeferralPolicy):
         self.threshold = self.params.threshold
 
     # Same rule on both models: uncertain positions belong to the large model.
-    def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
+    def defer(self, request: RequestView, out: StepResult, row: int) -> bool:
         return row_entropy(out, row) > self.threshold
 
-    def hand_back(self, request: RequestView, out: StepOutput, row: int, large_tokens: int) -> bool:
+    def hand_back(self, request: RequestView, out: StepResult, row: int, large_tokens: int) -> bool:
         return row_entropy(out, row) <= self.threshold

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from pydantic import Field
 
-from .base import RequestView, RoutingPolicy, StepOutput, register_policy, uniform
+from .base import RequestView, RoutingPolicy, StepResult, register_policy, uniform
 from .deferral import DeferralParams, DeferralPolicy
 
 
@@ -32,7 +32,7 @@ class LlmOnly(RoutingPolicy):
 
     name = "llm_only"
 
-    def route(self, batch: Sequence[RequestView], out: StepOutput) -> list[str]:
+    def route(self, batch: Sequence[RequestView], out: StepResult) -> list[str]:
         return [self.large for _ in batch]
 
     def send(self, request: RequestView, peer: str):
@@ -58,5 +58,5 @@ class RandomRouting(DeferralPolicy):
         self.seed = self.params.seed
         self.keep_deferred_token = self.params.keep_sampled
 
-    def defer(self, request: RequestView, out: StepOutput, row: int) -> bool:
+    def defer(self, request: RequestView, out: StepResult, row: int) -> bool:
         return uniform("random-policy", self.seed, request.spec.seed, len(request.token_ids)) < self.rate

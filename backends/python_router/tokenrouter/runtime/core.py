@@ -293,7 +293,7 @@ class SubserverCore:
             return None  # a late message for a request that is already over
         if message.kind == "release":
             return self.role.on_release(message, fx)
-        if message.kind in ("progress", "finish"):
+        if message.kind in ("progress", "ended"):
             return self.role.on_suffix(message, fx)
         if message.kind == "handoff":
             return self._on_handoff(message, fx)

@@ -23,7 +23,7 @@ def stamp_handoff(request: RequestState, message: PeerMessage, *, sender: str, p
 
 def suffix_message(request: RequestState, peer: str, kind: str, *, sender: str, reason: str | None = None,
                    error: str | None = None) -> PeerMessage:
-    """A ``progress`` or ``finish`` message: the context ``peer`` has not seen yet."""
+    """A ``progress`` or ``ended`` message: the context ``peer`` has not seen yet."""
     anchor = request.known.get(peer, 0)
     origins = [-1] * request.prompt_len + request.origins
     logprobs = [None] * request.prompt_len + request.logprobs if request.spec.return_log_probs else []
@@ -34,7 +34,7 @@ def suffix_message(request: RequestState, peer: str, kind: str, *, sender: str, 
 
 
 def suffix_problem(request: RequestState | None, message: PeerMessage) -> str | None:
-    """Why a handoff/progress/finish cannot apply to ``request`` (None: it can)."""
+    """Why a handoff/progress/ended message cannot apply to ``request`` (None: it can)."""
     if len(message.origins) < len(message.tokens):
         return "fewer origins than tokens"
     if request is None:

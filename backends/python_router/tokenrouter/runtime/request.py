@@ -11,8 +11,6 @@ from ..engine.base import SamplingParams
 from ..protocol import RequestSpec, RequestView
 from ..request_builder import RequestError, validate_spec_sampling
 
-FINISH_REASONS = ("eos", "stop", "length", "cancelled", "error")
-
 
 @dataclass
 class RequestState:

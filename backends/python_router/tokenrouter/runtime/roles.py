@@ -131,7 +131,7 @@ class EntryRole:
         self.core.drop_message(message, "release sent to the entry")
 
     def on_suffix(self, message: PeerMessage, fx: list[Effect]) -> None:
-        """A peer's progress (tokens it committed) or finish for a request it holds."""
+        """A peer's progress (tokens it committed) or the end of a request it holds."""
         core = self.core
         request = core.requests.get(message.rid)
         problem = suffix_problem(request, message)
@@ -139,7 +139,7 @@ class EntryRole:
             problem = f"{message.kind} for a request held here"
         if problem is not None:
             return core.drop_message(message, problem)
-        reason = (message.finish_reason or "error") if message.kind == "finish" else None
+        reason = (message.finish_reason or "error") if message.kind == "ended" else None
         grown = request.apply_suffix(message.anchor, message.tokens, message.origins[:len(message.tokens)],
                                      message.logprobs)
         request.known[message.sender] = message.end
@@ -195,7 +195,7 @@ class PeerRole:
     def on_commit(self, request: RequestState, tokens: list[int], origins: list[int], reason: str | None,
                   inform_entry: bool, fx: list[Effect]) -> None:
         # Keep the entry informed so the client sees tokens while the request stays away; a
-        # handoff carries its own tokens (inform_entry=False), a finish its last ones.
+        # handoff carries its own tokens (inform_entry=False), an ended message its last ones.
         if reason is None and inform_entry:
             progress = suffix_message(request, self.core.entry, "progress", sender=self.core.name)
             fx.append(Send(self.core.entry, progress))
@@ -206,10 +206,10 @@ class PeerRole:
 
     def end(self, request: RequestState, reason: str, error: str | None, notified: bool,
             fx: list[Effect]) -> None:
-        """It finished or failed here: report it to the entry (a "finish" message with the reason,
+        """It finished or failed here: report it to the entry (an "ended" message with the reason,
         "error" included; the entry ends it everywhere) and release it here."""
         core = self.core
-        fx.append(Send(core.entry, suffix_message(request, core.entry, "finish", sender=core.name, reason=reason,
+        fx.append(Send(core.entry, suffix_message(request, core.entry, "ended", sender=core.name, reason=reason,
                                                   error=error)))
         core.release(request.rid, fx)
 

@@ -13,19 +13,23 @@ from __future__ import annotations
 import threading
 from typing import Callable, TypeVar
 
-T = TypeVar("T")
+from ..config import STRATEGIES
 
-# Strategies whose models need nothing from each other but messages, so each model may run in its
-# own process (Triton). model_sync and step_sync coordinate through a lock or a barrier in memory.
-MULTI_PROCESS = ("tokenrouter", "eager_async")
+T = TypeVar("T")
 
 
 class Strategy:
     """Asynchronous execution: no coordination between models."""
 
-    name = "eager_async"
     uses_thresholds = False
     lockstep = False
+    # Coordinates the models through a lock or a barrier in memory, so they must share one process;
+    # the others need nothing from each other but messages (each model may run in its own, as under Triton).
+    shares_memory = False
+
+    @classmethod
+    def create(cls, num_models: int) -> "Strategy":
+        return cls()
 
     def register(self, has_work: Callable[[], bool]) -> None:
         """Called once per subserver with a probe of whether it could step now."""
@@ -44,12 +48,11 @@ class Strategy:
 
 
 class TokenRouterStrategy(Strategy):
-    name = "tokenrouter"
     uses_thresholds = True
 
 
 class ModelSync(Strategy):
-    name = "model_sync"
+    shares_memory = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -63,8 +66,8 @@ class StepSync(Strategy):
     """A barrier after every step of all models. Messages sent in round r are seen in round r+1,
     because every model finishes round r before any passes the barrier."""
 
-    name = "step_sync"
     lockstep = True
+    shares_memory = True
 
     def __init__(self, num_models: int, idle_poll_s: float = 0.05) -> None:
         self._probes: list[Callable[[], bool]] = []
@@ -72,6 +75,10 @@ class StepSync(Strategy):
         self._stopping = False
         self._idle_poll_s = idle_poll_s
         self._barrier = threading.Barrier(num_models, action=self._wait_for_work)
+
+    @classmethod
+    def create(cls, num_models: int) -> "StepSync":
+        return cls(num_models)
 
     def register(self, has_work: Callable[[], bool]) -> None:
         self._probes.append(has_work)
@@ -99,13 +106,19 @@ class StepSync(Strategy):
         self._barrier.abort()
 
 
+STRATEGY_CLASSES: dict[str, type[Strategy]] = {
+    "tokenrouter": TokenRouterStrategy,
+    "eager_async": Strategy,
+    "model_sync": ModelSync,
+    "step_sync": StepSync,
+}
+assert set(STRATEGY_CLASSES) == set(STRATEGIES), "config.STRATEGIES and the strategy table disagree"
+# The strategies Triton can serve (one process per model).
+MULTI_PROCESS = tuple(name for name in STRATEGIES if not STRATEGY_CLASSES[name].shares_memory)
+
+
 def make_strategy(name: str, num_models: int) -> Strategy:
-    if name == "tokenrouter":
-        return TokenRouterStrategy()
-    if name == "eager_async":
-        return Strategy()
-    if name == "model_sync":
-        return ModelSync()
-    if name == "step_sync":
-        return StepSync(num_models)
-    raise ValueError(f"unknown strategy '{name}'; allowed: tokenrouter, eager_async, model_sync, step_sync")
+    cls = STRATEGY_CLASSES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown strategy '{name}'; allowed: {', '.join(STRATEGIES)}")
+    return cls.create(num_models)

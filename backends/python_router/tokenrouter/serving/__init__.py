@@ -19,9 +19,9 @@ front/  the front models' stubs (``tokenrouter``, ``ensemble``, ``tensorrt_llm_b
                                             a decoupled model that refuses each request with what to call
 
 subserver/  the python_router backend's stubs (one per model: ``slm``, ``llm``, ...; and ``routing_policy``)
-    backend_model.py    TritonPythonModel   what Triton loads as python_router/model.py; picks the role
-    backend_roles.py    SubserverRole       a subserver: engine, runtime Subserver, writer, metrics
-                        RoutingPolicyRole   the routing_policy model: carries policy and settings
+    backend_model.py    TritonPythonModel   what Triton loads as python_router/model.py; picks the model kind
+    model_kinds.py      SubserverModel      a subserver: engine, runtime Subserver, writer, metrics
+                        RoutingPolicyModel  the routing_policy model: carries policy and settings
     intake.py           SubserverIntake     Triton requests in (prompts, peer messages, control calls),
                                             each with exactly one final answer
     subserver_writer.py SubserverWriter     decoupled responses from one thread; polls direct clients

@@ -2,10 +2,11 @@
 runs this class (the launcher links this file as ``python_router/model.py``; the NGC image links
 ``backends/python_router/model.py``, which re-exports it).
 
-Each model instance is a stub process. Parameter ``role`` picks what it is: a ``subserver`` (one
-model's engine, scheduler, pending table and policy) or ``routing_policy`` (carries the policy, its
-weights and the scheduling settings). All the work happens in the ``tokenrouter`` runtime library;
-this class only connects it to Triton. It lives in the package so that an installed tokenrouter carries its own backend.
+Each model instance is a stub process. Its config.pbtxt parameter ``role`` picks the model kind
+(model_kinds.py): a ``subserver`` (one model's engine, scheduler, pending table and policy) or
+``routing_policy`` (carries the policy, its weights and the scheduling settings). All the work
+happens in the ``tokenrouter`` runtime library; this class only connects it to Triton. It lives in
+the package so that an installed tokenrouter carries its own backend.
 """
 
 import locale
@@ -22,12 +23,13 @@ class TritonPythonModel:
         # inspected outside Triton.
         import triton_python_backend_utils as pb_utils
 
-        from tokenrouter.serving.subserver.backend_roles import create_role  # absolute: Triton loads it as `model`
+        # absolute: Triton loads this file as `model`
+        from tokenrouter.serving.subserver.model_kinds import create_triton_model
 
-        self.role = create_role(pb_utils, args)
+        self.model = create_triton_model(pb_utils, args)
 
     def execute(self, requests):
-        return self.role.execute(requests)
+        return self.model.execute(requests)
 
     def finalize(self):
-        self.role.finalize()
+        self.model.finalize()

@@ -19,10 +19,6 @@ class PlacedTransport(Transport):
         """Before the subserver starts: messages to ``link.peer`` go through it from now on."""
         self._links[link.peer] = link
 
-    @property
-    def links(self) -> dict[str, PeerLink]:
-        return dict(self._links)
-
     def problem(self) -> str | None:
         """Why the deployment is not whole now (a peer server not connected), or None."""
         return next((p for link in self._links.values() if (p := link.problem) is not None), None)

@@ -1,4 +1,5 @@
-"""What the python_router backend's model.py runs: a subserver, or the routing_policy model (policy holder).
+"""The kinds of Triton model the python_router backend's model.py runs: a subserver, or the
+routing_policy model (policy holder).
 
 The glue is thin: intake.py turns requests into the runtime Subserver's submissions and peer
 messages; triton_sink.py and subserver_writer.py turn the subserver's output events into decoupled
@@ -42,21 +43,21 @@ log = logging.getLogger(__name__)
 LOOP_DIED_EXIT = 70
 
 
-def create_role(pb_utils: Any, args: dict[str, str]) -> "SubserverRole | RoutingPolicyRole":
+def create_triton_model(pb_utils: Any, args: dict[str, str]) -> "SubserverModel | RoutingPolicyModel":
     model_config = json.loads(args["model_config"])
-    role = _parameters(model_config).get("role", "subserver")
-    if role == "routing_policy":
-        return RoutingPolicyRole(pb_utils, args, model_config)
-    if role == "subserver":
-        return SubserverRole(pb_utils, args, model_config)
-    raise ValueError(f"model '{args['model_name']}': parameter role='{role}' is not 'subserver' or 'routing_policy'")
+    kind = _parameters(model_config).get("role", "subserver")  # the parameter's name in rendered repositories
+    if kind == "routing_policy":
+        return RoutingPolicyModel(pb_utils, args, model_config)
+    if kind == "subserver":
+        return SubserverModel(pb_utils, args, model_config)
+    raise ValueError(f"model '{args['model_name']}': parameter role='{kind}' is not 'subserver' or 'routing_policy'")
 
 
 def _parameters(model_config: dict) -> dict[str, str]:
     return {key: value.get("string_value", "") for key, value in model_config.get("parameters", {}).items()}
 
 
-class RoutingPolicyRole:
+class RoutingPolicyModel:
     """The routing_policy model: carries the policy, its weights and the scheduling settings, and
     answers a request with them as JSON (introspection)."""
 
@@ -80,7 +81,7 @@ class RoutingPolicyRole:
         pass
 
 
-class SubserverRole:
+class SubserverModel:
     def __init__(self, pb_utils: Any, args: dict[str, str], model_config: dict) -> None:
         self._pb = pb_utils
         self.name = args["model_name"]
