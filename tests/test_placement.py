@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from config_changes import changed
 from tokenrouter.config import ConfigError, load_config
 from tokenrouter.placement import describe, differences, node_models, nodes
 from tokenrouter.serving.repository import read_repository, render_repository, served_models
@@ -19,13 +20,7 @@ def split(pair: dict[str, Path], **changes) -> dict:
                          "llm": {"path": str(pair["large"]), "server": LLM_AT, "kv_cache_tokens": 2048}},
               "policy": {"name": "random", "params": {"rate": 0.3, "seed": 1}},
               "scheduling": {"max_active": 8}}
-    for dotted, value in changes.items():
-        *parents, last = dotted.split(".")
-        target = config
-        for key in parents:
-            target = target.setdefault(key, {})
-        target[last] = value
-    return config
+    return changed(config, changes)
 
 
 def test_a_config_is_one_server_unless_its_models_name_servers(tiny_pair):

@@ -3,11 +3,11 @@ against the config file; thresholds may depend on N."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import yaml
 
+from config_changes import changed
 from tokenrouter.config import ConfigError, load_config
 
 BASE = {"models": {"slm": {"engine": "simulated", "profile": "tiny-cpu-small"},
@@ -15,14 +15,7 @@ BASE = {"models": {"slm": {"engine": "simulated", "profile": "tiny-cpu-small"},
 
 
 def _with(**changes):
-    config = copy.deepcopy(BASE)
-    for dotted, value in changes.items():
-        node = config
-        *path, last = dotted.split("__")
-        for key in path:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return config
+    return changed(BASE, changes, sep="__")
 
 
 @pytest.mark.parametrize("changes,field,allowed", [
