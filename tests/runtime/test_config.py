@@ -3,7 +3,6 @@ against the config file; thresholds may depend on N."""
 
 from __future__ import annotations
 
-
 import pytest
 import yaml
 
