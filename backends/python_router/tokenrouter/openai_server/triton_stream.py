@@ -114,8 +114,8 @@ class IdleStreams:
     Closing them soon matters beyond memory: Triton 2.51 holds a front loaded while a stream whose
     first request went to it stays open (docs/reliability.md, known limits), so a front being
     unloaded waits at most ``idle_s`` for this server, less than the supervisor waits before it
-    heals a stuck unload with a restart (10 s, launch/supervisor.py ``NOT_READY_S``). A call that ended meanwhile (Triton restarted) is never
-    handed out again."""
+    heals a stuck unload with a restart (10 s, launch/supervisor.py ``NOT_READY_S``). A call that
+    ended meanwhile (Triton restarted) is never handed out again."""
 
     def __init__(self, idle_s: float) -> None:
         self.idle_s = idle_s
