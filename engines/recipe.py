@@ -30,12 +30,12 @@ class RecipeError(InstallError):
 
 @dataclass(frozen=True)
 class Part:
-    """One chunk of a GGUF, shipped as the data file `member` inside the wheel `package==version`."""
+    """One chunk of a GGUF, shipped as the data file `path_in_wheel` inside the wheel `package==version`."""
 
     index: int
     package: str
     version: str
-    member: str
+    path_in_wheel: str  # the recipe's `member` (a zip archive's word for one of its files)
     size: int
     sha256: str
 
@@ -53,7 +53,7 @@ class Part:
 class ModelRecipe:
     """One model of the pair: its parts in join order and the digest of the joined GGUF."""
 
-    role: str
+    member: str  # its place in the pair: the recipe's key under `models` (small, large)
     name: str
     parts: tuple[Part, ...]
     size: int
@@ -102,7 +102,7 @@ def parse_recipe(raw: Any, source: str = "<recipe>") -> PairRecipe:
     models_raw = _mapping(_field(top, "models", dict, where), f"{where}: models")
     if not models_raw:
         raise RecipeError(f"{where}: models is empty")
-    models = {role: _parse_model(role, spec, f"{where}: models.{role}") for role, spec in models_raw.items()}
+    models = {member: _parse_model(member, spec, f"{where}: models.{member}") for member, spec in models_raw.items()}
     names = [model.name for model in models.values()]
     if len(set(names)) != len(names):
         raise RecipeError(f"{where}: model names must be distinct, got {names}")
@@ -115,10 +115,10 @@ def parse_recipe(raw: Any, source: str = "<recipe>") -> PairRecipe:
     )
 
 
-def _parse_model(role: str, raw: Any, where: str) -> ModelRecipe:
+def _parse_model(member: str, raw: Any, where: str) -> ModelRecipe:
     spec = _mapping(raw, where)
     package = _field(spec, "package", str, where)
-    member = _field(spec, "member", str, where)
+    path_in_wheel = _field(spec, "member", str, where)
     version = str(_field(spec, "version", (str, int, float), where))
     name = _field(spec, "name", str, where)
     if "/" in name or name.startswith("."):
@@ -126,13 +126,13 @@ def _parse_model(role: str, raw: Any, where: str) -> ModelRecipe:
     parts_raw = _field(spec, "parts", list, where)
     if not parts_raw:
         raise RecipeError(f"{where}: parts is empty")
-    parts = tuple(_parse_part(n, package, version, member, entry, f"{where}.parts[{n - 1}]")
+    parts = tuple(_parse_part(n, package, version, path_in_wheel, entry, f"{where}.parts[{n - 1}]")
                   for n, entry in enumerate(parts_raw, start=1))
     size = _positive(spec, "size", where)
     if sum(part.size for part in parts) != size:
         raise RecipeError(f"{where}: part sizes add up to {sum(p.size for p in parts)}, not size {size}")
     return ModelRecipe(
-        role=role,
+        member=member,
         name=name,
         parts=parts,
         size=size,
@@ -141,13 +141,13 @@ def _parse_model(role: str, raw: Any, where: str) -> ModelRecipe:
     )
 
 
-def _parse_part(n: int, package: str, version: str, member: str, raw: Any, where: str) -> Part:
+def _parse_part(n: int, package: str, version: str, path_in_wheel: str, raw: Any, where: str) -> Part:
     spec = _mapping(raw, where)
     try:
-        package_n, member_n = package.format(n=n), member.format(n=n)
+        package_n, path_n = package.format(n=n), path_in_wheel.format(n=n)
     except (KeyError, IndexError, ValueError) as error:
         raise RecipeError(f"{where}: bad package/member template ({error}); only {{n}} is defined") from error
-    return Part(index=n, package=package_n, version=version, member=member_n,
+    return Part(index=n, package=package_n, version=version, path_in_wheel=path_n,
                 size=_positive(spec, "size", where), sha256=_digest(spec, where))
 
 

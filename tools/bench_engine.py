@@ -139,11 +139,11 @@ def resume_cost(engine: TorchEngine, prefix: list[int], reps: int) -> dict[str, 
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def bench_model(role: str, path: Path, args: argparse.Namespace) -> dict:
+def bench_model(member: str, path: Path, args: argparse.Namespace) -> dict:
     spec = ModelSpec(path=str(path), dtype=args.dtype, threads=args.threads, block_size=16, kv_cache_tokens=8192)
-    engine = TorchEngine.from_spec(role, spec)
+    engine = TorchEngine.from_spec(member, spec)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    result = {"role": role, "path": str(path), "dtype": args.dtype, "threads": args.threads}
+    result = {"member": member, "path": str(path), "dtype": args.dtype, "threads": args.threads}
     engine_generate(engine, code_prompts(tokenizer, [16]), 2)  # warm-up: first-call allocations
     hf_generate(engine, code_prompts(tokenizer, [16]), 2)
     if "batch1" in args.parts:
@@ -162,7 +162,7 @@ def report(results: list[dict]) -> str:
              "| identical rows |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         for c in (r[key] for key in ("batch1", "batch8") if key in r):
-            lines.append(f"| {r['role']} | {c['batch']} | {c['engine_tok_s']:.2f} | {c['generate_tok_s']:.2f} | "
+            lines.append(f"| {r['member']} | {c['batch']} | {c['engine_tok_s']:.2f} | {c['generate_tok_s']:.2f} | "
                          f"{c['speedup']:.2f}x | {c['speedup_paired']:.2f}x | {c['speedup_best']:.2f}x | "
                          f"{c['rows_identical']}/{c['batch']} |")
     lines += ["", "| model | decode step ms | extend k=1 | k=2 | k=3 | k=4 | prefill prefix+1 | prefill prefix+4 |",
@@ -172,7 +172,7 @@ def report(results: list[dict]) -> str:
         if m is None:
             continue
         extends = " | ".join(f"{m[f'extend_{k}']:.0f}" for k in range(1, 5))
-        lines.append(f"| {r['role']} | {m['decode_1']:.0f} | {extends}"
+        lines.append(f"| {r['member']} | {m['decode_1']:.0f} | {extends}"
                      f" | {m['prefill_prefix+1']:.0f} | {m['prefill_prefix+4']:.0f} |")
     return "\n".join(lines)
 
@@ -180,7 +180,8 @@ def report(results: list[dict]) -> str:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options, in the shape tools/cli.py expects of a subcommand module."""
     parser.add_argument("--pair", choices=("real", "tiny"), default="real")
-    parser.add_argument("--roles", nargs="+", default=["small", "large"])
+    parser.add_argument("--models", nargs="+", default=["small", "large"],
+                        help="which models of the pair (default small large)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--parts", nargs="+", choices=("batch1", "batch8", "resume"),
                         default=["batch1", "batch8", "resume"])
@@ -194,8 +195,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     paths = model_dirs() if args.pair == "real" else ensure_tiny_pair("qwen2", 0)  # the real pair's family
     results = []
-    for role in args.roles:
-        results.append(bench_model(role, paths[role], args))
+    for member in args.models:
+        results.append(bench_model(member, paths[member], args))
         gc.collect()  # the 1.5B model is 7 GB in fp32: let the 0.5B go first
         print(json.dumps(results[-1], indent=1), flush=True)
     print(report(results))

@@ -14,7 +14,7 @@ HumanEval chat prompts, N concurrent requests, greedy, same stop ids.
 processes of the same model side by side, reps interleaved: prefill, decode at batch 1 and 8,
 extend k = 1..4 after a pause, and how many greedy rows agree.
 
-    tokenrouter bench-vllm engines --roles small large --reps 3 --json results/bench_vllm_engines.json
+    tokenrouter bench-vllm engines --models small large --reps 3 --json results/bench_vllm_engines.json
     tokenrouter bench-vllm routing --clients 8 --requests 16 --reps 3
     tokenrouter bench-vllm dtypes --threads 1 --reps 3
 """
@@ -45,7 +45,7 @@ DEFAULT_CONFIG = shipped_config("qwen2.5-coder.yaml")
 
 
 # --- engines: adapter vs vLLM's own loop vs our torch engine ----------------------------------------
-def engine_worker(role: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+def engine_worker(member: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Runs in a process of its own (see ``run``): vLLM in-process, the torch engine beside it."""
     from transformers import AutoTokenizer
 
@@ -53,8 +53,8 @@ def engine_worker(role: str, path: Path, args: argparse.Namespace) -> dict[str, 
                   max_prefill_tokens=4096)
     # One dtype for all three systems (``auto`` resolved as vLLM resolves it), so their rows compare.
     common["dtype"] = resolve_dtype(ModelSpec(engine="vllm", **common), on_gpu=False)
-    vllm = create_engine(role, ModelSpec(engine="vllm", **common), owns_process=True)
-    torch_engine = create_engine(role, ModelSpec(engine="torch", block_size=16, **common), owns_process=True)
+    vllm = create_engine(member, ModelSpec(engine="vllm", **common), owns_process=True)
+    torch_engine = create_engine(member, ModelSpec(engine="torch", block_size=16, **common), owns_process=True)
     tokenizer = AutoTokenizer.from_pretrained(path)
     systems: dict[str, Callable[[list[list[int]], int], tuple[list[list[int]], int]]] = {
         "adapter": lambda prompts, n: (engine_generate(vllm, prompts, n), n),
@@ -64,7 +64,7 @@ def engine_worker(role: str, path: Path, args: argparse.Namespace) -> dict[str, 
     warm = code_prompts(tokenizer, [16])
     for system in systems.values():  # first calls allocate; vLLM's first step is cold
         system(warm, 2)
-    result: dict[str, Any] = {"role": role, "path": str(path), "threads": args.threads, "batches": {}}
+    result: dict[str, Any] = {"member": member, "path": str(path), "threads": args.threads, "batches": {}}
     for batch in args.batches:
         c = compare_systems(systems, code_prompts(tokenizer, BATCHES[batch]), args.new_tokens, args.reps)
         c.update(adapter_vs_native=paired_speedup(c["all_times"], "adapter", "native"),
@@ -112,21 +112,21 @@ DTYPES = ("float32", "bfloat16")
 PREFILL_BATCH = (400,) * 8  # 8 x 400-token prefill
 
 
-def compare_dtypes(role: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+def compare_dtypes(member: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Both dtypes of one model, each in an engine process pinned to the same cores, never running
     at once. Decode ms per step = (time of prefill + n tokens - time of the prefill alone) / (n - 1)."""
     from transformers import AutoTokenizer
 
     common = dict(path=str(path), engine="vllm", threads=args.threads, cpus=list(range(args.threads)),
                   kv_cache_tokens=16384, max_batch_size=16, max_prefill_tokens=4096)
-    engines = {dtype: EngineProcess(f"{role}-{dtype}", ModelSpec(dtype=dtype, **common)) for dtype in DTYPES}
+    engines = {dtype: EngineProcess(f"{member}-{dtype}", ModelSpec(dtype=dtype, **common)) for dtype in DTYPES}
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         systems = {dtype: (lambda prompts, n, e=engine: (engine_generate(e, prompts, n), n))
                    for dtype, engine in engines.items()}
         for system in systems.values():
             system(code_prompts(tokenizer, [16]), 2)  # first steps allocate
-        result: dict[str, Any] = {"role": role, "threads": args.threads, "batches": {}}
+        result: dict[str, Any] = {"member": member, "threads": args.threads, "batches": {}}
         prefill = compare_systems(systems, code_prompts(tokenizer, PREFILL_BATCH), 1, args.reps)
         result["prefill_8x400_ms"] = {d: 1000 * s for d, s in prefill["seconds"].items()}
         result["prefill_speedup"] = paired_speedup(prefill["all_times"], "bfloat16", "float32")
@@ -221,7 +221,7 @@ def report_engines(results: list[dict]) -> str:
     for r in results:
         for c in r["batches"].values():
             t, s, same = c["tok_s"], c["step_ms"], c["rows_identical"]
-            lines.append(f"| {r['role']} | {c['batch']} | {t['adapter']:.1f} | {t['native']:.1f} | {t['torch']:.1f} "
+            lines.append(f"| {r['member']} | {c['batch']} | {t['adapter']:.1f} | {t['native']:.1f} | {t['torch']:.1f} "
                          f"| {c['adapter_vs_native']:.2f}x | {c['adapter_vs_torch']:.2f}x | {s['adapter']:.0f} "
                          f"| {s['native']:.0f} | {same['native']}/{c['batch']}, {same['torch']}/{c['batch']} |")
     lines += ["",
@@ -231,7 +231,7 @@ def report_engines(results: list[dict]) -> str:
         m = r.get("resume_ms")
         if m:
             worst = max(m[f"extend_{k}"] for k in range(1, 5)) / m["decode_1"]
-            lines.append(f"| {r['role']} | {m['decode_1']:.0f} | " + " | ".join(f"{m[f'extend_{k}']:.0f}" for k in
+            lines.append(f"| {r['member']} | {m['decode_1']:.0f} | " + " | ".join(f"{m[f'extend_{k}']:.0f}" for k in
                          range(1, 5)) + f" | {worst:.2f}x | {m['prefill_prefix+1']:.0f} |")
     return "\n".join(lines)
 
@@ -242,15 +242,15 @@ def report_dtypes(results: list[dict]) -> str:
     for r in results:
         b, m = r["batches"], r["resume_ms"]
         for d in DTYPES:
-            lines.append(f"| {r['role']} | {d} | {r['prefill_8x400_ms'][d]:.0f} | {b[1]['decode_ms'][d]:.0f} "
+            lines.append(f"| {r['member']} | {d} | {r['prefill_8x400_ms'][d]:.0f} | {b[1]['decode_ms'][d]:.0f} "
                          f"| {b[8]['decode_ms'][d]:.0f} | {m[d]['extend_1']:.0f} | {m[d]['extend_4']:.0f} "
                          f"| {m[d]['decode_1']:.0f} |")
         ratio = {k: m["float32"][k] / m["bfloat16"][k] for k in ("extend_1", "extend_4", "decode_1")}
-        lines.append(f"| {r['role']} | bf16 speedup | {r['prefill_speedup']:.2f}x | {b[1]['decode_speedup']:.2f}x "
+        lines.append(f"| {r['member']} | bf16 speedup | {r['prefill_speedup']:.2f}x | {b[1]['decode_speedup']:.2f}x "
                      f"| {b[8]['decode_speedup']:.2f}x | {ratio['extend_1']:.2f}x | {ratio['extend_4']:.2f}x "
                      f"| {ratio['decode_1']:.2f}x |")
     lines.append("\ngreedy rows identical, bfloat16 vs float32: " + ", ".join(
-        f"{r['role']} batch {batch}: {c['rows_identical']}/{batch}"
+        f"{r['member']} batch {batch}: {c['rows_identical']}/{batch}"
         for r in results for batch, c in r["batches"].items()))
     return "\n".join(lines)
 
@@ -279,7 +279,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("part", choices=("engines", "routing", "dtypes"))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the raw results here")
-    parser.add_argument("--roles", nargs="+", default=["small", "large"], help="engines: which models")
+    parser.add_argument("--models", nargs="+", default=["small", "large"],
+                        help="engines, dtypes: which models of the pair (default small large)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16], choices=sorted(BATCHES))
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2, help="engines, dtypes: threads per engine")
@@ -296,7 +297,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="JSON; default: 10 %% of tokens to the large model")
     parser.add_argument("--cores", type=int, default=2, help="routing: cores to spread the models over")
     parser.add_argument("--served", action="store_true", help="routing: also TokenRouter served by Triton over gRPC")
-    parser.add_argument("--worker", nargs=2, metavar=("ROLE", "PATH"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -310,16 +311,16 @@ def run(args: argparse.Namespace) -> int:
         from tokenrouter_engines.models import model_dirs
 
         result = []
-        for role in args.roles:
-            result.append(compare_dtypes(role, model_dirs()[role], args))
+        for member in args.models:
+            result.append(compare_dtypes(member, model_dirs()[member], args))
             write_results(args.json, result)
         print(report_dtypes(result))
     else:
         from tokenrouter_engines.models import model_dirs
 
         result = []
-        for role in args.roles:  # each model's results are kept as soon as its worker is done
-            result.append(run_worker(role, model_dirs()[role], args))
+        for member in args.models:  # each model's results are kept as soon as its worker is done
+            result.append(run_worker(member, model_dirs()[member], args))
             write_results(args.json, result)
         print(report_engines(result))
     write_results(args.json, result)
@@ -332,8 +333,8 @@ def write_results(path: Path | None, result: Any) -> None:
         path.write_text(json.dumps(result, indent=1))
 
 
-def run_worker(role: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "tokenrouter_tools.bench_vllm", "engines", "--worker", role, str(path),
+def run_worker(member: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "tokenrouter_tools.bench_vllm", "engines", "--worker", member, str(path),
             "--reps", str(args.reps), "--new-tokens", str(args.new_tokens), "--threads", str(args.threads),
             "--dtype", args.dtype, "--batches", *map(str, args.batches)] + ([] if args.resume else ["--no-resume"])
     out = subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True).stdout

@@ -163,7 +163,7 @@ def test_validation_predicts_each_cell_with_the_model():
 
 def test_cli_compare_writes_json_with_per_repetition_ratios_and_a_plot(tmp_path: Path):
     out, png = tmp_path / "compare.json", tmp_path / "compare.png"
-    code = main(["bench", "compare", "--engine", "sim", "--clients", "2", "--systems", "eager_async", "tokenrouter",
+    code = main(["bench", "compare", "--pair", "sim", "--clients", "2", "--systems", "eager_async", "tokenrouter",
                  "--reps", "2", "--warmup-s", "0.2", "--measure-s", "0.6", "--max-tokens", "16",
                  "--json", str(out), "--plot", str(png)])
     assert code == 0 and png.stat().st_size > 0

@@ -47,17 +47,17 @@ def test_download_fetches_both_official_repositories_into_hf_folders(tmp_path, h
     patterns = hub_calls[0]["allow_patterns"]
     assert "*.safetensors" in patterns and "*.json" in patterns and "*.gguf" not in patterns
     printed = capsys.readouterr().out.splitlines()
-    assert printed == [f"{role}\t{checkpoint_dir(tmp_path, role)}" for role in OFFICIAL_CHECKPOINTS]
+    assert printed == [f"{member}\t{checkpoint_dir(tmp_path, member)}" for member in OFFICIAL_CHECKPOINTS]
 
 
-def test_download_one_role_at_a_revision(tmp_path, hub_calls) -> None:
+def test_download_one_model_of_the_pair_at_a_revision(tmp_path, hub_calls) -> None:
     assert _run("download", "--dest", str(tmp_path), "--only", "large", "--revision", "v1") == 0
     assert [(c["repo_id"], c["revision"]) for c in hub_calls] == [("Qwen/Qwen2.5-Coder-1.5B-Instruct", "v1")]
 
 
-def test_an_unknown_role_is_refused_before_any_download(tmp_path, hub_calls, capsys) -> None:
+def test_an_unknown_model_of_the_pair_is_refused_before_any_download(tmp_path, hub_calls, capsys) -> None:
     assert _run("download", "--dest", str(tmp_path), "--only", "huge") == 1
-    assert hub_calls == [] and "unknown role" in capsys.readouterr().err
+    assert hub_calls == [] and "unknown model(s) ['huge'] of the pair" in capsys.readouterr().err
     with pytest.raises(InstallError):
         from tokenrouter_engines.hf_download import download_official
         download_official(tmp_path, ["huge"])
@@ -69,5 +69,5 @@ def test_gpu_configs_point_at_the_downloaded_folders(config: Path) -> None:
 
     loaded = load_config(config)
     default_models = ROOT / "engines" / "build" / "models"
-    expected = {checkpoint_dir(default_models, role).resolve() for role in OFFICIAL_CHECKPOINTS}
+    expected = {checkpoint_dir(default_models, member).resolve() for member in OFFICIAL_CHECKPOINTS}
     assert {Path(spec.path).resolve() for spec in loaded.models.values()} == expected

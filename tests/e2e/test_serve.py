@@ -14,8 +14,9 @@ import pytest
 
 from tokenrouter.client import http_generate
 from tokenrouter.launch.openai_process import free_port
-from tokenrouter.launch.triton_server import Ports
+from tokenrouter.launch.triton_server import Ports, process_alive
 from tokenrouter.openai_server.app import API_KEY_ENV
+from tokenrouter.procfs import proc_stat
 
 from .conftest import render_echo_repository
 
@@ -27,30 +28,14 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and (stat := proc_stat(entry.name)) is not None and stat.ppid == pid]
 
 
 def triton_pid(launcher_pid: int) -> int:
     """The tritonserver the launcher runs now (its other child is the OpenAI server)."""
     return next(pid for pid in _children(launcher_pid)
                 if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _launch(*args: str, python: str = sys.executable, cwd: Path | None = None,
@@ -89,9 +74,9 @@ def wait_stopped(launcher: subprocess.Popen, server_pids: list[int], timeout_s: 
     assert launcher.returncode == 0, rest[-3000:]
     assert "stopping tritonserver" in rest
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in server_pids) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in server_pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(_alive(pid) for pid in server_pids)
+    assert not any(process_alive(pid) for pid in server_pids)
     return rest
 
 
@@ -118,9 +103,9 @@ def test_a_killed_launcher_takes_the_server_with_it(tiny_tokenizer: Path, tmp_pa
     launcher.kill()  # no handler runs: the server learns it from PR_SET_PDEATHSIG
     launcher.wait()
     deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in server_pids) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in server_pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(_alive(pid) for pid in server_pids)
+    assert not any(process_alive(pid) for pid in server_pids)
 
 
 def test_serve_tiny_routes_between_both_models(tmp_path: Path) -> None:
@@ -151,7 +136,7 @@ def test_serve_tiny_routes_between_both_models(tmp_path: Path) -> None:
                 break
         assert any("the OpenAI server exited with code -9; restarting it" in line for line in lines), lines[-20:]
         assert api.completions.create(model="tokenrouter", prompt="x", max_tokens=3).usage.completion_tokens == 3
-        assert _alive(triton) and triton_pid(launcher.pid) == triton and not _alive(api_pid)
+        assert process_alive(triton) and triton_pid(launcher.pid) == triton and not process_alive(api_pid)
         _stop_and_check(launcher, signal.SIGTERM, _descendants(launcher.pid) + server_pids)
     finally:
         if launcher.poll() is None:

@@ -64,11 +64,11 @@ def load(path) -> TorchEngine:
     return TorchEngine.from_spec("real", ModelSpec(path=str(path), threads=2, kv_cache_tokens=2048))
 
 
-@pytest.mark.parametrize("role", ["small", "large"])
-def test_greedy_code_continuation_equals_generate(real_pair, role):
-    tokenizer = AutoTokenizer.from_pretrained(real_pair[role])
+@pytest.mark.parametrize("member", ["small", "large"])
+def test_greedy_code_continuation_equals_generate(real_pair, member):
+    tokenizer = AutoTokenizer.from_pretrained(real_pair[member])
     prompts = [tokenizer(text).input_ids for text in PROMPTS]
-    engine = load(real_pair[role])
+    engine = load(real_pair[member])
     ours = engine_greedy(engine, prompts)
     for prompt, tokens in zip(prompts, ours):
         assert tokens == generate_greedy(engine, prompt), tokenizer.decode(tokens)

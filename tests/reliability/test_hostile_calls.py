@@ -22,6 +22,7 @@ from tokenrouter.protocol import PeerMessage, RequestSpec, encode_batch
 from tokenrouter.serving.peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REQUEST_KEY_PARAMETER,
                                            SECRET_PARAMETER, new_request_key)
 from tokenrouter.launch.triton_server import stub_pids
+from tokenrouter.procfs import proc_stat
 
 
 def _direct_stream(url: str, model: str, arrays: dict, parameters: dict | None = None) -> None:
@@ -166,12 +167,9 @@ def test_integer_overflow_over_http_is_refused_not_wrapped(routing_server, field
 def _server_processes(server_pid: int) -> list[int]:
     """tritonserver and everything under it (its stubs and what they started)."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
+    for proc in Path("/proc").glob("[0-9]*"):
+        if (stat := proc_stat(proc.name)) is not None:
+            children.setdefault(stat.ppid, []).append(int(proc.name))
     found, todo = [], [server_pid]
     while todo:
         pid = todo.pop()

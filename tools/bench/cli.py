@@ -1,8 +1,8 @@
 """`tokenrouter bench SUITE ...`: run one suite, print markdown, write JSON (and a PNG plot).
 
     tokenrouter bench validate [--N 2 3 4 5 6 7 8] [--reps 1]          model vs measurement (simulated)
-    tokenrouter bench compare --engine sim|tiny|real [--clients 8]     systems side by side, ratios vs targets
-    tokenrouter bench sweep --engine sim [--concurrency 1 2 4 8 16]     workloads x concurrency x systems
+    tokenrouter bench compare --pair sim|tiny|real [--clients 8]       systems side by side, ratios vs targets
+    tokenrouter bench sweep --pair sim [--concurrency 1 2 4 8 16]       workloads x concurrency x systems
     tokenrouter bench served [--config configs/tiny.yaml] [--clients 8 ...]  Triton gRPC vs embedded
     tokenrouter bench served --systems served openai                   the OpenAI server vs gRPC
     tokenrouter bench served --systems served two-servers [--peer-delays-ms 0.5 2]  one model per server (27)
@@ -20,12 +20,12 @@ from . import against, compare, served, sweep, validate
 from .plots import plot_compare, plot_served, plot_sweep, plot_validate
 from .report import machine, write_json
 from .runner import Timing
-from .setups import KINDS, make_setup
+from .setups import PAIR_SETUPS, make_setup
 from .systems import SYSTEMS, SystemFactory
 from .workloads import KINDS as WORKLOADS
 
 RESULTS = Path("results")
-# (warm-up, measurement window) seconds per engine setup: short by default, --measure-s for more
+# (warm-up, measurement window) seconds per pair setup: short by default, --measure-s for more
 DEFAULT_TIMING = {"sim": (1.0, 4.0), "tiny": (2.0, 6.0), "real": (20.0, 60.0)}
 DEFAULT_COMPARE = {"sim": list(SYSTEMS), "tiny": list(SYSTEMS), "real": ["llm_only", "slm_only", "tokenrouter"]}
 DEFAULT_SWEEP = ["llm_only", "std_serving", "r2r_lockstep", "eager_async", "tokenrouter"]
@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--N", type=int, nargs="+", default=list(range(2, 9)), help="concurrencies (default 2..8)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="run the simulated clock this many times slower (throughput converted back)")
-    _common(p, reps=1, engine=False)
+    _common(p, reps=1, pair=False)
 
     p = suites.add_parser("compare", help="all systems side by side at one concurrency, ratios vs targets")
     p.add_argument("--clients", type=int, default=8)
@@ -65,7 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--peer-delays-ms", type=float, nargs="+", default=[0.0], metavar="MS",
                    help="two-servers: one deployment per delay added to every peer message (transport.delay_ms), "
                         "each compared with the one without (default: 0 only)")
-    _common(p, reps=3, engine=False)
+    _common(p, reps=3, pair=False)
 
     p = suites.add_parser("against", help="this tree vs a baseline commit: the served suite, runs alternated")
     p.add_argument("ref", help="the baseline: a commit, branch or tag (e.g. HEAD~1)")
@@ -78,18 +78,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(plot=None)
 
 
-def _common(p: argparse.ArgumentParser, *, reps: int, engine: bool = True) -> None:
-    if engine:
-        p.add_argument("--engine", choices=KINDS, default="sim", help="model pair (default sim)")
+def _common(p: argparse.ArgumentParser, *, reps: int, pair: bool = True) -> None:
+    if pair:
+        p.add_argument("--pair", choices=PAIR_SETUPS, default="sim", help="the model pair to run on (default sim)")
         p.add_argument("--rate", type=float, help="random routing rate small -> large (default: sim 0.35, "
                                                     "tiny 0.3, real 0.1)")
         p.add_argument("--threads", type=int, help="torch threads per engine (tiny default 1, real 2)")
     p.add_argument("--reps", type=int, default=reps, help=f"repetitions (default {reps}); medians are reported")
-    p.add_argument("--warmup-s", type=float, help="seconds before the window opens (default per engine)")
-    p.add_argument("--measure-s", type=float, help="measurement window, seconds (default per engine)")
+    p.add_argument("--warmup-s", type=float, help="seconds before the window opens (default per pair setup)")
+    p.add_argument("--measure-s", type=float, help="measurement window, seconds (default per pair setup)")
     p.add_argument("--max-tokens", type=int, help="override the workload's output cap")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, help="raw results (default results/bench-<suite>-<engine>.json)")
+    p.add_argument("--json", type=Path, help="raw results (default results/bench-<suite>-<pair>.json)")
     p.add_argument("--plot", type=Path, help="write a PNG plot here")
     p.add_argument("--markdown", type=Path, help="also write the markdown tables here")
 
@@ -101,7 +101,7 @@ def _timing(args: argparse.Namespace, kind: str) -> Timing:
 
 
 def _factory(args: argparse.Namespace) -> SystemFactory:
-    setup = make_setup(args.engine, rate=args.rate, threads=args.threads)
+    setup = make_setup(args.pair, rate=args.rate, threads=args.threads)
     return SystemFactory(setup, setup.open_engines(), setup.codec())
 
 
@@ -113,17 +113,17 @@ def _validate(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Calla
 
 def _compare(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:
     factory = _factory(args)
-    systems = args.systems or DEFAULT_COMPARE[args.engine]
+    systems = args.systems or DEFAULT_COMPARE[args.pair]
     result = compare.run_compare(factory, systems, args.clients, factory.setup.with_workload(args.workload,
                                                                                              args.max_tokens),
-                                 _timing(args, args.engine), reps=args.reps, seed=args.seed)
-    return result, compare.markdown, plot_compare, args.engine
+                                 _timing(args, args.pair), reps=args.reps, seed=args.seed)
+    return result, compare.markdown, plot_compare, args.pair
 
 
 def _sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:
     result = sweep.run_sweep(_factory(args), args.systems, args.concurrency, args.workloads,
-                             _timing(args, args.engine), reps=args.reps, seed=args.seed, max_tokens=args.max_tokens)
-    return result, sweep.markdown, plot_sweep, args.engine
+                             _timing(args, args.pair), reps=args.reps, seed=args.seed, max_tokens=args.max_tokens)
+    return result, sweep.markdown, plot_sweep, args.pair
 
 
 def _served(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:

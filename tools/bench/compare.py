@@ -27,7 +27,7 @@ class RatioTarget:
     source: str
 
 
-# The targets, per engine setup.
+# The targets, per pair setup.
 TARGETS: dict[str, list[RatioTarget]] = {
     "sim": [RatioTarget("tokenrouter", "std_serving", 3.0, "TokenRouter vs Std. Serving"),
             RatioTarget("tokenrouter", "eager_async", 1.25, "TokenRouter vs Eager-Async")],

@@ -7,10 +7,11 @@ path per process (tritonserver itself, and each Python stub by the model it runs
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from pathlib import Path
+
+from tokenrouter.procfs import proc_stat
 
 
 def _stub_model(cmdline: list[str]) -> str | None:
@@ -25,18 +26,15 @@ def group_cpu_by_process(pgid: int) -> dict[str, float]:
     """User + system CPU seconds of the live processes in process group ``pgid`` (Linux /proc), by
     process: a stub under its model's name, anything else under its command name."""
     seconds: Counter = Counter()
-    hz = os.sysconf("SC_CLK_TCK")
     for proc in Path("/proc").glob("[0-9]*"):
+        stat = proc_stat(proc.name)
+        if stat is None or stat.pgrp != pgid:
+            continue
         try:
-            comm, rest = (proc / "stat").read_text().rsplit(")", 1)
-            fields = rest.split()  # after "pid (comm)": state, ppid, pgrp, ...
-            if int(fields[2]) != pgid:
-                continue
             cmdline = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except (OSError, IndexError, ValueError):
+        except OSError:
             continue  # the process ended while we looked
-        name = _stub_model(cmdline) or comm.split("(", 1)[1]
-        seconds[name] += (int(fields[11]) + int(fields[12])) / hz  # utime, stime
+        seconds[_stub_model(cmdline) or stat.comm] += stat.cpu_s
     return dict(seconds)
 
 

@@ -26,7 +26,7 @@ from tokenrouter.text import TextCodec
 from .workloads import PromptSource, TextPrompts, TokenPrompts, Workload
 
 SMALL, LARGE = "slm", "llm"
-KINDS = ("sim", "tiny", "real")
+PAIR_SETUPS = ("sim", "tiny", "real")
 
 
 @dataclass
@@ -136,4 +136,4 @@ def make_setup(kind: str, *, rate: float | None = None, threads: int | None = No
         return tiny_setup(**extra)
     if kind == "real":
         return real_setup(**extra)
-    raise ValueError(f"unknown engine setup '{kind}'; allowed: {', '.join(KINDS)}")
+    raise ValueError(f"unknown pair setup '{kind}'; allowed: {', '.join(PAIR_SETUPS)}")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
+from tokenrouter.procfs import proc_stat
 from tokenrouter.serving.peer_auth import control_parameters, new_secret, secret_path, server_secret
 from tokenrouter.serving.schema import PEER_INPUT
 
@@ -530,23 +531,22 @@ def stub_pids(server_pid: int) -> dict[str, int]:
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
+        stat = proc_stat(proc.name)
+        if stat is None or stat.ppid != server_pid:
+            continue
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
-        if parent == server_pid and len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub"):
+        if len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub"):
             found[Path(argv[1].decode()).parts[-3]] = int(proc.name)  # <repo>/<model>/<version>/model.py
     return found
 
 
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    stat = proc_stat(pid)
+    return stat is not None and stat.state not in ("Z", "X")
 
 
 def shm_regions_of(pids: list[int]) -> set[Path]:

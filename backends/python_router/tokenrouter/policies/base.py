@@ -59,7 +59,7 @@ class RoutingPolicy:
         if entry not in self.models:
             raise PolicyError(f"entry model '{entry}' is not one of {self.models}")
 
-    # Conventional roles for two-model algorithms: the entry is the small model, the next one large.
+    # A two-model algorithm's pair, by convention: the entry is the small model, the next one the large.
     @property
     def small(self) -> str:
         return self.entry

@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..procfs import proc_stat
+
 SECRET_PARAMETER = "tokenrouter_peer_secret"
 CONTROL_PARAMETER = "tokenrouter_control"
 REASON_PARAMETER = "tokenrouter_reason"
@@ -67,11 +69,8 @@ def secret_path(server_pid: int, folder: Path | None = None) -> Path:
     """Where the secret of tritonserver ``server_pid`` lives: its pid and start time name it, so
     a reused pid gets a new secret."""
     folder = folder or Path(tempfile.gettempdir()) / f"tokenrouter-{os.getuid()}"
-    try:
-        started = Path(f"/proc/{server_pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        started = "0"
-    return folder / f"peer-secret-{server_pid}-{started}"
+    stat = proc_stat(server_pid)
+    return folder / f"peer-secret-{server_pid}-{stat.start_ticks if stat else 0}"
 
 
 def _remove_secrets_of_dead_servers(folder: Path) -> None:
