@@ -16,13 +16,13 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from e2e.test_routing_server import PROMPTS, metrics, stream_ids, wait_for_idle_pools
+from e2e.test_serve import _descendants
 from reliability.test_cancellation import wait_until_held
 from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from tokenrouter.protocol import PeerMessage, RequestSpec, encode_batch
 from tokenrouter.serving.peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REQUEST_KEY_PARAMETER,
                                            SECRET_PARAMETER, new_request_key)
 from tokenrouter.launch.triton_server import stub_pids
-from tokenrouter.procfs import proc_stat
 
 
 def _direct_stream(url: str, model: str, arrays: dict, parameters: dict | None = None) -> None:
@@ -164,27 +164,13 @@ def test_integer_overflow_over_http_is_refused_not_wrapped(routing_server, field
     assert 400 <= status < 500, (status, text[:300])
 
 
-def _server_processes(server_pid: int) -> list[int]:
-    """tritonserver and everything under it (its stubs and what they started)."""
-    children: dict[int, list[int]] = {}
-    for proc in Path("/proc").glob("[0-9]*"):
-        if (stat := proc_stat(proc.name)) is not None:
-            children.setdefault(stat.ppid, []).append(int(proc.name))
-    found, todo = [], [server_pid]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += children.get(pid, [])
-    return found
-
-
 def test_the_peer_secret_is_in_no_environment_and_no_model_config(routing_server):
     """Whatever a stub starts inherits its environment, and an environment leaks (a crash report, a
     debug dump, `ps e`); the secret forges every peer and control call. So it is in no process's
     environment (it once was in tritonserver's, hence in every stub's), and no model's config, as
     any client reads it, holds it or the admin key."""
     secret, key = routing_server.peer_secret, routing_server.admin_key
-    processes = _server_processes(routing_server.process.pid)
+    processes = [routing_server.process.pid, *_descendants(routing_server.process.pid)]  # and what stubs start
     stubs = set(stub_pids(routing_server.process.pid).values())
     assert len(stubs) >= 7 and stubs <= set(processes), (stubs, processes)  # the fronts, subservers, text models
     for pid in processes:
