@@ -43,8 +43,8 @@ def _opened_calls(channel: TritonChannel, monkeypatch: pytest.MonkeyPatch) -> li
 
 
 async def _text(channel: TritonChannel, prompt: str) -> str:
-    outputs = Choice(0, prompt, _inputs(prompt)).outputs
-    async with aclosing(channel.generate(FRONT, _inputs(prompt), outputs)) as replies:
+    choice = Choice(0, prompt, _inputs(prompt))
+    async with aclosing(channel.generate(FRONT, choice.inputs, choice.outputs)) as replies:
         return "".join([reply.text async for reply in replies])
 
 
@@ -71,8 +71,8 @@ def test_a_generation_left_early_cancels_its_call_and_the_next_one_reads_only_it
     async def run() -> tuple[str, bool, int, str, int]:
         channel = TritonChannel(echo_server.grpc_url)
         opened = _opened_calls(channel, monkeypatch)
-        outputs = Choice(0, LONG_PROMPT, _inputs(LONG_PROMPT)).outputs
-        async with aclosing(channel.generate(FRONT, _inputs(LONG_PROMPT), outputs)) as replies:
+        choice = Choice(0, LONG_PROMPT, _inputs(LONG_PROMPT))
+        async with aclosing(channel.generate(FRONT, choice.inputs, choice.outputs)) as replies:
             first = (await anext(replies)).text
         cancelled, idle = opened[0].cancelled(), len(channel.idle_streams)
         after = await _text(channel, PROMPTS[0])
