@@ -59,8 +59,11 @@ def verdict(report: dict[str, Any]) -> tuple[int, str]:
     counts = f"{len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped"
     if failed:
         return FAILED, f"FAILED ({counts}): {', '.join(failed)}"
-    missing = [*skipped] + ([] if passed else ["no check ran"]) + ([] if FINISHED in report else
-                                                                   ["the run did not finish (a report saved mid-run)"])
+    missing = list(skipped)
+    if not passed:
+        missing.append("no check ran")
+    if FINISHED not in report:
+        missing.append("the run did not finish (a report saved mid-run)")
     if missing:
         return INCOMPLETE, f"INCOMPLETE, not a full pass ({counts}): {', '.join(missing)}"
     return PASSED, f"PASSED ({counts})"
