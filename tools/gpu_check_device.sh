@@ -6,9 +6,9 @@
 # still returns what it found), gpu-check.log (the whole stderr, ending in the summary table) and
 # machine.txt (nvidia-smi, the package versions).
 #
-#   tools/gpu_check_device.sh                 # on the GPU machine; timeout_s 360 leaves time to rerun
+#   bash tools/gpu_check_device.sh            # on the GPU machine; a 360 s limit leaves time to rerun
 #   GPU_CHECK_BUDGET_S=120 tools/gpu_check_device.sh --models qwen2.5-0.5b   # arguments go to gpu_check.py
-#   PATH=.venv-gpuprep/bin:$PATH tools/gpu_check_device.sh --cpu     # the dry run on CPU (docs/engine.md)
+#   PATH=$PWD/.venv-gpuprep/bin:$PATH tools/gpu_check_device.sh --cpu   # the dry run on CPU (docs/engine.md)
 #
 # Exit status: gpu_check's (0 every check passed, 1 a check failed, 2 no CUDA device, 3 nothing failed
 # but a part was skipped: there vLLM is absent, so 3 is the best that machine gives), or 124 when the
