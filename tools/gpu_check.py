@@ -165,6 +165,22 @@ def bench_torch(pair: dict[str, Path], plan: Plan) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Whatever is written to stdout meanwhile goes to stderr, at the file descriptor: vLLM's engine
+    processes log to the stdout they inherit, which Python's redirect_stdout does not reach."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+@contextlib.contextmanager
 def timed(report: dict[str, Any]) -> Iterator[None]:
     start = time.perf_counter()
     yield
@@ -195,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(report, indent=2) + "\n")
 
     # stdout carries the report alone: libraries that log to stdout (vLLM) go to stderr meanwhile
-    with timed(report), contextlib.redirect_stdout(sys.stderr):
+    with timed(report), stdout_to_stderr():
         outcome = run_part(lambda: check_torch(plan, budget, report["torch_engine"], save), budget)
         if outcome is not None:  # the whole part did not run or raised
             report["torch_engine"] = outcome
