@@ -1,6 +1,7 @@
 """Device check: the engines and the routed runtime on a GPU, as one JSON report and a summary table.
 
-    python3 tools/gpu_check.py --out gpu-report.json   # CUDA, one GPU: about 5 minutes (budget 420 s)
+    python3 tools/gpu_check.py --out gpu-report.json   # CUDA, one GPU; no part starts after --budget-s (420 s)
+    tools/gpu_check_device.sh                          # the same on a lent GPU machine, report under $OUT
     python3 tools/gpu_check.py --cpu                   # the CPU miniature CI runs
     python3 tools/gpu_check.py --skip-vllm --models qwen2.5-0.5b --budget-s 120
 
@@ -16,8 +17,10 @@ Checks (each reports passed, or why it did not run):
 
 Needs torch, transformers and tokenizers; runs from a checkout without an install. The vLLM parts
 also need vllm (and pydantic, which vLLM brings). Stdout carries the JSON report alone; the
-summary table goes to stderr. Exit status 1 when a check failed or raised, 0 otherwise (skips
-included: each says why).
+summary table goes to stderr, ending in one verdict line. Exit status (gpu_check_report.verdict): 0 when
+every check ran and passed, 1 when a check failed or raised, 2 when no CUDA device is visible (nothing
+ran), 3 when nothing failed but a part was skipped (vLLM absent, --skip-vllm, the budget spent): a
+skip is never a pass, and each says why.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ from tokenrouter_tools.gpu_check_common import (  # noqa: E402
     skipped,
     tiny_pair,
 )
-from tokenrouter_tools.gpu_check_report import failures, summary  # noqa: E402
+from tokenrouter_tools.gpu_check_report import summary, verdict  # noqa: E402
 
 
 def environment(plan: Plan) -> dict[str, Any]:
@@ -103,6 +106,14 @@ def check_torch(plan: Plan, budget: Budget, report: dict[str, Any], save: Callab
     for shape in plan.models:
         report["shapes"][shape] = run_part(lambda: check_shape(shape, plan, budget), budget)
         save()
+
+
+def check_vllm(plan: Plan, budget: Budget) -> dict[str, Any]:
+    """The vLLM engine's parts (skipped, saying why, where vllm does not import); imported inside the
+    part so that a broken import is reported like any other failure, after the torch parts' report."""
+    from tokenrouter_tools.gpu_check_vllm import check_vllm
+
+    return check_vllm(plan, budget)
 
 
 def torch_engines(models: dict[str, Any]) -> dict[str, Any]:
@@ -154,6 +165,22 @@ def bench_torch(pair: dict[str, Path], plan: Plan) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Whatever is written to stdout meanwhile goes to stderr, at the file descriptor: vLLM's engine
+    processes log to the stdout they inherit, which Python's redirect_stdout does not reach."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+@contextlib.contextmanager
 def timed(report: dict[str, Any]) -> Iterator[None]:
     start = time.perf_counter()
     yield
@@ -184,20 +211,18 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(report, indent=2) + "\n")
 
     # stdout carries the report alone: libraries that log to stdout (vLLM) go to stderr meanwhile
-    with timed(report), contextlib.redirect_stdout(sys.stderr):
+    with timed(report), stdout_to_stderr():
         outcome = run_part(lambda: check_torch(plan, budget, report["torch_engine"], save), budget)
         if outcome is not None:  # the whole part did not run or raised
             report["torch_engine"] = outcome
         if args.skip_vllm:
             report["vllm_engine"] = skipped("--skip-vllm given")
         else:
-            from tokenrouter_tools.gpu_check_vllm import check_vllm
-
             report["vllm_engine"] = run_part(lambda: check_vllm(plan, budget), budget)
     save()
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)
-    return 1 if failures(report) else 0
+    return verdict(report)[0]
 
 
 if __name__ == "__main__":

@@ -14,19 +14,25 @@ import torch
 from tokenrouter.engine.base import StepRow
 from tokenrouter.engine.torch_engine import TorchEngine
 from tokenrouter_tools.gpu_check_common import Budget, load_model, mixed_prompts, run_part
-from tokenrouter_tools.gpu_check_report import failures, summary
+from tokenrouter_tools.gpu_check_report import FAILED, INCOMPLETE, PASSED, failures, skips, summary, verdict
 from tokenrouter_tools.gpu_check_routed import routed_equals_reference
 from tokenrouter_tools.gpu_check_torch import greedy_equals_generate, resume_computes_only_new_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "gpu_check.py"
+# What the GPU machine's python3 lacks (docs/engine.md, "GPU check"): the torch parts must run without them.
+ABSENT_ON_GPU_MACHINE = ("pydantic", "vllm", "tritonclient")
 
 
-def _run(tmp_path: Path, *args: str) -> tuple[dict, str]:
+def _run(tmp_path: Path, *args: str, status: int, absent: tuple[str, ...] = ()) -> tuple[dict, str]:
+    """The check in a fresh interpreter; ``absent`` packages fail to import there as if not installed
+    (None in sys.modules: ``import`` raises ModuleNotFoundError, ``importlib.util.find_spec`` gives None)."""
     out = tmp_path / "report.json"
-    run = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--out", str(out), *args], capture_output=True,
-                         text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
+    hide = (f"import runpy, sys; sys.modules.update(dict.fromkeys({list(absent)!r})); sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", hide, str(SCRIPT), "--cpu", "--out", str(out), *args],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == status, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert json.loads(run.stdout) == report  # stdout carries the same report
     return report, run.stderr
@@ -37,7 +43,9 @@ def _passed(node: dict) -> None:
 
 
 def test_cpu_miniature_passes_every_check_and_measures(tmp_path: Path) -> None:
-    report, stderr = _run(tmp_path, "--skip-vllm")
+    """Without pydantic, vLLM or tritonclient, as on the GPU machine: every torch check passes, and the
+    vLLM part is skipped, saying why, which leaves the run INCOMPLETE (exit 3), not PASSED."""
+    report, stderr = _run(tmp_path, status=INCOMPLETE, absent=ABSENT_ON_GPU_MACHINE)
     assert report["environment"]["device"] == "cpu"
     torch_engine = report["torch_engine"]
     exact = torch_engine["exact"]
@@ -64,15 +72,36 @@ def test_cpu_miniature_passes_every_check_and_measures(tmp_path: Path) -> None:
     mixed = tiny["mixed_prefill_decode_step"]
     assert (mixed["prefill_tokens"], mixed["decode_rows"]) == (128, 7) and mixed["ms"] > 0
     assert tiny["sdpa"]["dispatched_ops"] and tiny["sdpa"]["forced_backend_runs"]["MATH"] is True
-    assert report["vllm_engine"] == {"skipped": "--skip-vllm given"}
-    assert failures(report) == []
-    assert "torch_engine/routed_equals_reference" in stderr and "no check failed" in stderr  # the summary table
+    assert report["vllm_engine"]["skipped"].startswith("vllm not importable: ModuleNotFoundError")
+    assert failures(report) == [] and skips(report) == ["vllm_engine"]
+    assert "torch_engine/routed_equals_reference" in stderr  # the summary table
+    assert "INCOMPLETE, not a full pass (4 passed, 0 failed, 1 skipped): vllm_engine" in stderr
+
+
+def test_a_skip_is_never_a_pass() -> None:
+    """A part that did not run keeps the run from PASSED, in the exit status and in the summary's
+    last lines, and shows as SKIPPED with its reason; only a run with every check passed is PASSED."""
+    ran = {"torch_engine": {"exact": {"passed": True}}, "wall_s": 9.0}
+    assert verdict(ran) == (PASSED, "PASSED (1 passed, 0 failed, 0 skipped)")
+    cut_short = {"torch_engine": {"exact": {"passed": True}}}  # saved mid-run: the later parts are not in it
+    assert verdict(cut_short)[0] == INCOMPLETE and "did not finish" in verdict(cut_short)[1]
+    report = ran | {"vllm_engine": {"skipped": "vllm not importable: ModuleNotFoundError"}}
+    status, line = verdict(report)
+    assert status == INCOMPLETE != PASSED and line.startswith("INCOMPLETE") and "vllm_engine" in line
+    table = summary(report)
+    assert "PASSED" not in table and line in table
+    assert any(row.split()[:2] == ["vllm_engine", "SKIPPED"] and "vllm not importable" in row
+               for row in table.splitlines())
+    assert verdict({"torch_engine": {"skipped": "time budget spent"}, "wall_s": 0.1})[0] == INCOMPLETE
+    assert verdict({"torch_engine": {"shapes": {}}, "wall_s": 0.1}) == (
+        INCOMPLETE, "INCOMPLETE, not a full pass (0 passed, 0 failed, 0 skipped): no check ran")
+    assert verdict(report | {"routed": {"error": "OSError: boom"}})[0] == FAILED  # a failure outranks a skip
 
 
 def test_a_spent_budget_skips_every_part_and_says_so(tmp_path: Path) -> None:
     from tokenrouter_tools.gpu_check import main
 
-    assert main(["--cpu", "--budget-s", "0", "--out", str(tmp_path / "r.json")]) == 0
+    assert main(["--cpu", "--budget-s", "0", "--out", str(tmp_path / "r.json")]) == INCOMPLETE
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["torch_engine"] == {"skipped": "time budget spent"}
     assert report["vllm_engine"] == {"skipped": "time budget spent"}
@@ -94,10 +123,11 @@ def test_a_failed_check_fails_the_run_and_is_named(tmp_path: Path, monkeypatch) 
     monkeypatch.setattr(gpu_check.Plan, "for_device", classmethod(
         lambda cls, cpu: gpu_check.Plan("cpu", torch.float32, (), (1,), (16,), 16, 4, 2, 1, "qwen2", 2, 3, None, (1,),
                                         2, 1, 0.3, 0.3)))
-    assert gpu_check.main(["--cpu", "--skip-vllm", "--out", str(tmp_path / "r.json")]) == 1
+    assert gpu_check.main(["--cpu", "--skip-vllm", "--out", str(tmp_path / "r.json")]) == FAILED
     report = json.loads((tmp_path / "r.json").read_text())
     assert failures(report) == ["torch_engine/routed_equals_reference"]
-    assert "FAIL" in summary(report) and "1 failed: torch_engine/routed_equals_reference" in summary(report)
+    assert report["vllm_engine"] == {"skipped": "--skip-vllm given"}
+    assert "FAILED (3 passed, 1 failed, 1 skipped): torch_engine/routed_equals_reference" in summary(report)
 
 
 # --- each check catches the fault it is for -------------------------------------------------------
@@ -180,7 +210,7 @@ def test_routed_check_catches_a_resume_that_loses_the_peers_tokens(qwen2_pair) -
 def test_cpu_miniature_with_the_vllm_engine(tmp_path: Path) -> None:
     """A few minutes on two cores: vLLM's start-up and CPU attention."""
     pytest.importorskip("vllm")
-    report, _ = _run(tmp_path)
+    report, stderr = _run(tmp_path, "--budget-s", "600", status=PASSED)  # a loaded machine: no part left out
     vllm = report["vllm_engine"]
     _passed(vllm["engine_loads"])
     assert vllm["engine_loads"]["settings"]["input_batch"] is True
@@ -191,4 +221,4 @@ def test_cpu_miniature_with_the_vllm_engine(tmp_path: Path) -> None:
     for n in (2, 4):
         assert bench["adapter_vs_native"][f"batch_{n}"]["adapter_tok_s"] > 0
         assert bench["tokenrouter_vs_large_alone"][f"n_{n}"]["tokenrouter_tok_s"] > 0
-    assert failures(report) == []
+    assert failures(report) == skips(report) == [] and "PASSED (" in stderr

@@ -14,10 +14,13 @@ from typing import Any, Literal, Union, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-# The one table of scheduling strategies (runtime/strategies.py builds them) and the one table of
-# engines (engine/factory.py builds them); both assert that they cover exactly these names.
+from .runtime.strategies import STRATEGY_CLASSES
+
+# The one table of scheduling strategies (runtime/strategies.py builds them, in this order: asserted
+# below) and the one table of engines (engine/factory.py builds them and asserts that it covers these).
 StrategyName = Literal["tokenrouter", "eager_async", "model_sync", "step_sync"]
 STRATEGIES: tuple[str, ...] = get_args(StrategyName)
+assert STRATEGIES == tuple(STRATEGY_CLASSES), "config.STRATEGIES and runtime/strategies.py's table disagree"
 EngineName = Literal["vllm", "torch", "simulated", "tensorrt_llm"]
 ENGINE_KINDS: tuple[str, ...] = get_args(EngineName)
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import threading
 from typing import Callable, TypeVar
 
-from ..config import STRATEGIES
-
 T = TypeVar("T")
 
 
@@ -106,19 +104,20 @@ class StepSync(Strategy):
         self._barrier.abort()
 
 
+# config.StrategyName checks itself against this table: importing the config layer here would make the
+# subservers need pydantic, which the device check's bare GPU host does not have (tools/gpu_check.py).
 STRATEGY_CLASSES: dict[str, type[Strategy]] = {
     "tokenrouter": TokenRouterStrategy,
     "eager_async": Strategy,
     "model_sync": ModelSync,
     "step_sync": StepSync,
 }
-assert set(STRATEGY_CLASSES) == set(STRATEGIES), "config.STRATEGIES and the strategy table disagree"
 # The strategies Triton can serve (one process per model).
-MULTI_PROCESS = tuple(name for name in STRATEGIES if not STRATEGY_CLASSES[name].shares_memory)
+MULTI_PROCESS = tuple(name for name, cls in STRATEGY_CLASSES.items() if not cls.shares_memory)
 
 
 def make_strategy(name: str, num_models: int) -> Strategy:
     cls = STRATEGY_CLASSES.get(name)
     if cls is None:
-        raise ValueError(f"unknown strategy '{name}'; allowed: {', '.join(STRATEGIES)}")
+        raise ValueError(f"unknown strategy '{name}'; allowed: {', '.join(STRATEGY_CLASSES)}")
     return cls.create(num_models)
