@@ -47,7 +47,7 @@ class GenerationOutput:
             self._held.append(chunk)
             if not chunk.final:
                 return None
-            chunk = _joined(self._held)
+            chunk = joined_chunks(self._held)
             shown = chunk.tokens.tolist()
             if generation.echo_prompt:
                 shown = [*generation.prompt_ids, *shown]
@@ -66,7 +66,8 @@ class GenerationOutput:
         return outputs
 
 
-def _joined(chunks: list[EntryChunk]) -> EntryChunk:
+def joined_chunks(chunks: list[EntryChunk]) -> EntryChunk:
+    """A generation's chunks as one (its tokens, models and log probabilities in order; the last one's end)."""
     last = chunks[-1]
     if len(chunks) == 1:
         return last
