@@ -45,10 +45,16 @@ def prepare_tensor(module, name: str, array: np.ndarray):
     return tensor
 
 
-def front_greedy(server, prompt: str, max_tokens: int) -> tuple[list[int], list[str]]:
-    """The ``tokenrouter`` front's greedy ids and models for ``prompt`` (its defaults: greedy)."""
-    replies = grpc_stream(server.grpc_url, inputs(text_input=prompt, max_tokens=max_tokens, stream=True))
-    return [i for r in replies for i in r.ids], [m for r in replies for m in r.models]
+def front_greedy(server, prompt: str, max_tokens: int, sequences: int = 1) -> dict[int, tuple[list[int], list[str]]]:
+    """The ``tokenrouter`` front's greedy ids and models for ``prompt`` (its defaults: greedy), by
+    sequence (each sequence has its own seed, which the routing policy may draw on)."""
+    replies = grpc_stream(server.grpc_url, inputs(text_input=prompt, max_tokens=max_tokens, stream=True,
+                                                  num_return_sequences=sequences))
+    by_sequence = {}
+    for n in range(sequences):
+        mine = [r for r in replies if r["sequence_index"][0][0] == n]
+        by_sequence[n] = [i for r in mine for i in r.ids], [m for r in mine for m in r.models]
+    return by_sequence
 
 
 # --- inflight_batcher_llm/client/inflight_batcher_llm_client.py -----------------------------------
@@ -80,7 +86,8 @@ def test_inflight_batcher_client_streaming_equals_the_front(routing_server, code
     """``inflight_batcher_llm_client.py --streaming --tokenizer-dir ...`` (also with ``--return-log-probs
     --exclude-input-in-output -n 2``): ``start_stream``, one ``async_stream_infer`` to ``tensorrt_llm``,
     ``stop_stream``; it appends ``output_ids[0][0]`` of each response whose ``sequence_length[0][0] > 0``
-    to the sequence ``sequence_index`` names. Its greedy ids are the front's, token for token."""
+    to the sequence ``sequence_index`` names. Its greedy ids are the front's, token for token, and so are
+    the models that wrote them (sequence by sequence: each has its seed)."""
     prompt, output_len = PROMPTS[0], 16
     ids = codec.encode_prompt(prompt)
     answers: queue.Queue = queue.Queue()
@@ -89,8 +96,9 @@ def test_inflight_batcher_client_streaming_equals_the_front(routing_server, code
         client.async_stream_infer(CORE, client_inputs(ids, codec, output_len, streaming=True, **flags),
                                   request_id="7")
         client.stop_stream()
-    sequences = {n: [] for n in range(flags.get("num_return_sequences", 1))}
-    models: list[str] = []
+    count = flags.get("num_return_sequences", 1)
+    sequences: dict[int, list[int]] = {n: [] for n in range(count)}
+    models: dict[int, list[str]] = {n: [] for n in range(count)}
     log_probs = []
     while not answers.empty():
         result = answers.get()
@@ -99,15 +107,13 @@ def test_inflight_batcher_client_streaming_equals_the_front(routing_server, code
         assert result.as_numpy("output_ids").ndim == 3 and result.get_response().id == "7"
         if result.as_numpy("sequence_length")[0][0] > 0:
             sequences[sequence] += list(result.as_numpy("output_ids")[0][0])
-            models += [m.decode() for m in result.as_numpy("output_models")[0]] if sequence == 0 else []
+            models[sequence] += [m.decode() for m in result.as_numpy("output_models")[0]]
         if flags.get("return_log_probs") and sequence == 0:
             log_probs += result.as_numpy("output_log_probs")[0][0].tolist()
             cum = float(result.as_numpy("cum_log_probs")[0][0])
-    expected, expected_models = front_greedy(routing_server, prompt, output_len)
-    assert len(expected) == output_len
-    for tokens in sequences.values():
-        assert tokens == expected  # greedy: every sequence the same
-    assert models == expected_models
+    expected = front_greedy(routing_server, prompt, output_len, count)
+    assert all(len(tokens) == output_len for tokens, _ in expected.values())
+    assert {n: (sequences[n], models[n]) for n in range(count)} == expected
     if flags.get("return_log_probs"):
         assert len(log_probs) == output_len and cum == pytest.approx(sum(log_probs), abs=1e-3)
 
@@ -127,7 +133,7 @@ def test_inflight_batcher_client_non_streaming_equals_the_front(routing_server, 
     assert not isinstance(result, InferenceServerException), result
     output = list(result.as_numpy("output_ids")[0][0])
     assert result.as_numpy("sequence_length")[0][0] == len(output) == len(ids) + output_len
-    assert output == ids + front_greedy(routing_server, prompt, output_len)[0]
+    assert output == ids + front_greedy(routing_server, prompt, output_len)[0][0]
 
 
 def test_inflight_batcher_client_refusals_name_the_input(routing_server, codec):
@@ -314,3 +320,27 @@ def test_a_cancelled_core_model_stream_ends_on_every_model(routing_server, codec
         client.stop_stream(cancel_requests=True)
         client.close()
     assert_cancelled_and_idle(routing_server, before, 4, since)
+
+
+# --- benchmark_core_model.py --tensorrt-llm-model-name slm: two models on one stream ---------------------
+def test_core_model_and_subserver_requests_in_turn_on_one_stream(routing_server):
+    """``benchmark_core_model.py --decoupled -i grpc --tensorrt-llm-model-name slm`` keeps its default
+    ``tensorrt_llm`` and adds ``slm``: core-model requests to both in turn on one stream. Triton 2.51
+    aborted when a non-decoupled write (its own answer for an unknown model) met a decoupled one on a
+    stream (docs/reliability.md); both are decoupled here, so ``tensorrt_llm`` answers and ``slm`` refuses
+    (internal) on the same stream, 10 streams of 20, and the server stays up."""
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        answers: queue.Queue = queue.Queue()
+        with grpcclient.InferenceServerClient(routing_server.grpc_url) as client:
+            client.start_stream(callback=lambda result, error: answers.put(error or result))
+            for i in range(20):
+                length = int(rng.integers(4, 32))
+                ids = rng.integers(0, 100, size=(1, length)).astype(np.int32)
+                request = benchmark_inputs(grpcclient, ids, np.array([[length]], np.int32), 2)
+                client.async_stream_infer([CORE, "slm"][i % 2], request, request_id=str(i))
+            client.stop_stream()
+        errors = [str(a) for a in list(answers.queue) if isinstance(a, InferenceServerException)]
+        served = [a for a in list(answers.queue) if not isinstance(a, InferenceServerException)]
+        assert len(served) == 10 and len(errors) == 10 and all("'slm' is internal" in e for e in errors), errors[:2]
+    assert routing_server.process.poll() is None, routing_server.log_tail()

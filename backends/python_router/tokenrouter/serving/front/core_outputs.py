@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schema import CLIENT_OUTPUTS, SUBSERVER_OUTPUTS
+from ..schema import CLIENT_OUTPUTS
 from ..text.entry_chunk import EntryChunk
-from .front_outputs import joined_chunks
+from .front_outputs import entry_outputs, joined_chunks
 from .front_request import Generation
 
 
@@ -27,8 +27,7 @@ class CoreOutput:
         self._cum_log_prob = 0.0
 
     def entry_outputs(self) -> list[str]:
-        unread = {"prefix_ids"} if self._generation.spec.return_log_probs else {"prefix_ids", "output_log_probs"}
-        return [name for name in SUBSERVER_OUTPUTS if name not in unread]
+        return entry_outputs(self._generation)
 
     def response(self, chunk: EntryChunk) -> dict[str, np.ndarray] | None:
         generation = self._generation

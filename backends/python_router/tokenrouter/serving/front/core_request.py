@@ -9,7 +9,6 @@ of 10^6 stop ids is refused in microseconds, not parsed.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Mapping
 
@@ -19,7 +18,8 @@ from ...protocol import RequestSpec
 from ...request_builder import TENSORRT_LLM_SAMPLING_DEFAULTS, RequestError, build_spec, validate_spec_sampling
 from ..schema import word_list_sequences
 from ..text.text_inputs import TextInputs
-from .front_request import OFF_ONLY, SEED_RANGE, FanOutLimits, Generation, _Row, _sequence_count
+from .front_request import (OFF_ONLY, SEED_RANGE, FanOutLimits, Generation, _Row, checked_row_flags,
+                            generation_counts)
 
 # Core inputs with no meaning here, refused whatever their value: why, in the client's terms.
 CORE_REFUSED = {
@@ -70,13 +70,7 @@ def parse_core_request(inputs: Mapping[str, np.ndarray], text: TextInputs, *, de
     ids = inputs["input_ids"]
     rows = ids.shape[0]
     _check_sizes(inputs, text, rows)
-    if not decoupled and rows > 1:
-        raise RequestError(f"a batch of {rows} rows needs a decoupled tensorrt_llm (one response per row); this one "
-                           "is unary: send one row per request")
-    counts = [_sequence_count(_Row(inputs, r), limits) for r in range(rows)]
-    if sum(counts) > limits.max_generations:
-        raise RequestError(f"{rows} rows x num_return_sequences make {sum(counts)} generations; the limit per request "
-                           f"is {limits.max_generations} (frontend.max_generations)")
+    counts = generation_counts(inputs, rows, decoupled, limits, "tensorrt_llm")
     return [generation for r, count in enumerate(counts)
             for generation in _row_generations(_Row(inputs, r), r, count, text, decoupled, exclude_input)]
 
@@ -106,21 +100,8 @@ def _check_sizes(inputs: Mapping[str, np.ndarray], text: TextInputs, rows: int) 
 
 def _row_generations(row: _Row, index: int, count: int, text: TextInputs, decoupled: bool,
                      exclude_input: bool) -> list[Generation]:
-    for name, (off, why) in CORE_OFF_ONLY.items():
-        value = row.value(name, off)
-        if value != off:
-            raise RequestError(f"{name} {value!r}: only {off!r} is accepted; {why}")
-    for name in ("len_penalty", "beam_search_diversity_rate"):
-        value = row.value(name, 0.0)
-        if not math.isfinite(value):
-            raise RequestError(f"{name} must be a finite number (it has no effect without beams), got {value}")
-    stream = bool(row.value("streaming", False))
-    if not decoupled and (stream or count > 1):
-        what = "streaming true" if stream else f"num_return_sequences {count}"
-        raise RequestError(f"{what} needs a decoupled tensorrt_llm (several responses per request); this one is unary")
-    pad_id = row.value("pad_id")
-    if pad_id is not None:
-        text.check_ids([pad_id], "pad_id")  # accepted, no effect: responses are never padded
+    stream = checked_row_flags(row, CORE_OFF_ONLY, ("len_penalty", "beam_search_diversity_rate"), "streaming", count,
+                               decoupled, "tensorrt_llm", text)
     prompt_ids = _prompt(row, text)
     spec = _spec(row, text, len(prompt_ids))
     echo = not stream and not row.value("exclude_input_in_output", exclude_input)
