@@ -1,5 +1,6 @@
 """One hostile request, sent from a process of its own: ``python hostile_probe.py NAME GRPC_URL`` prints
-``{"error": ..., "took": seconds}`` (error: the server's refusal, or what went wrong instead).
+"ready" once its imports are done, then ``{"error": ..., "took": seconds}`` (error: the server's refusal,
+or what went wrong instead).
 
 A process of its own, as a hostile client is: building and sending 32 MB in the test's own process
 would hold its interpreter (and the bystander's client beside it) for a while, which is not the
@@ -56,6 +57,7 @@ PROBES: dict[str, tuple[Callable[[str], object], str]] = {
 
 
 def main(name: str, url: str) -> None:
+    print("ready", flush=True)  # imports done: what follows is the probe alone
     start = time.monotonic()
     try:
         PROBES[name][0](url)

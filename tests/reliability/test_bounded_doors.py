@@ -44,10 +44,11 @@ def test_a_huge_request_is_refused_without_delaying_a_bystander(routing_server, 
     alone = statistics.median(_bystander(routing_server) for _ in range(5))
     hostile = subprocess.Popen([sys.executable, str(PROBE), probe, routing_server.grpc_url], stdout=subprocess.PIPE,
                                text=True)
+    assert hostile.stdout.readline().strip() == "ready"  # its interpreter's start is not the probe's work
     beside = []
     while hostile.poll() is None or len(beside) < 3:
         beside.append(_bystander(routing_server))
-    answer = json.loads(hostile.communicate(timeout=120)[0])
+    answer = json.loads(hostile.communicate(timeout=120)[0].strip())
     print(f"{probe}: refused in {answer['took']:.2f} s; bystander alone {alone * 1000:.0f} ms, beside it "
           f"max {max(beside) * 1000:.0f} ms ({len(beside)} requests)")
     assert message in answer["error"], answer["error"]
