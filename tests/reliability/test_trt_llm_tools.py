@@ -118,6 +118,24 @@ def test_inflight_batcher_client_streaming_equals_the_front(routing_server, code
         assert len(log_probs) == output_len and cum == pytest.approx(sum(log_probs), abs=1e-3)
 
 
+def test_a_stream_with_empty_final_responses_ends_with_the_final_flag(routing_server, codec):
+    """The gRPC stream flag ``enable_empty_final_response`` (what Triton's genai-perf and perf_analyzer
+    set): every token arrives, and the stream's last response says ``triton_final_response``, once."""
+    ids = codec.encode_prompt(PROMPTS[5])
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(routing_server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+        client.async_stream_infer(CORE, client_inputs(ids, codec, 10, streaming=True), request_id="1",
+                                  enable_empty_final_response=True)
+        client.stop_stream()
+    results = list(answers.queue)
+    assert not any(isinstance(r, InferenceServerException) for r in results), results
+    finals = [r.get_response().parameters["triton_final_response"].bool_param for r in results]
+    assert finals.count(True) == 1 and finals[-1]
+    tokens = [t for r in results if r.as_numpy("output_ids") is not None for t in r.as_numpy("output_ids")[0][0]]
+    assert tokens == front_greedy(routing_server, PROMPTS[5], 10)[0][0]
+
+
 def test_inflight_batcher_client_non_streaming_equals_the_front(routing_server, codec):
     """``inflight_batcher_llm_client.py --tokenizer-dir ...`` without ``--streaming``: one ``async_infer``
     with ``parameters={'Streaming': False}`` and a callback; ``output_ids[0][0]`` is the prompt and the
