@@ -340,6 +340,38 @@ def test_a_cancelled_core_model_stream_ends_on_every_model(routing_server, codec
     assert_cancelled_and_idle(routing_server, before, 4, since)
 
 
+def test_a_stop_request_ends_a_core_model_stream_on_every_model(routing_server, codec):
+    """``inflight_batcher_llm_client.py --streaming --stop-after-ms ...`` (without ``--stop-via-request-cancel``):
+    after the first tokens it sends its ``prepare_stop_signals`` request (input_ids ``np.empty([1, 1])``,
+    input_lengths 0, request_output_len 0, ``stop`` true) with the same request id on the same stream, with
+    ``parameters={'Streaming': True}``. The request ends as cancelled on every model, with fewer tokens than
+    asked; the stop request gets an empty answer (the tool prints "Got cancellation response")."""
+    assert wait_for_idle_pools(routing_server) == {}
+    before = metrics(routing_server)
+    ids = codec.encode_prompt(PROMPTS[4])
+    answers: queue.Queue = queue.Queue()
+    stop = [grpcclient.InferInput(name, [1, 1], datatype) for name, datatype in (
+        ("input_ids", "INT32"), ("input_lengths", "INT32"), ("request_output_len", "INT32"), ("stop", "BOOL"))]
+    for tensor, array in zip(stop, (np.empty([1, 1], dtype=np.int32), np.zeros([1, 1], dtype=np.int32),
+                                    np.array([[0]], dtype=np.int32), np.array([[True]], dtype="bool"))):
+        tensor.set_data_from_numpy(array)
+    with grpcclient.InferenceServerClient(routing_server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+        request = client_inputs(ids, codec, 400, streaming=True) + [
+            prepare_tensor(grpcclient, "min_tokens", np.array([[400]], np.int32))]  # cannot end on its own first
+        client.async_stream_infer(CORE, request, request_id="stop-me")
+        first = answers.get(timeout=120)
+        since = time.monotonic()
+        client.async_stream_infer(CORE, stop, request_id="stop-me", parameters={"Streaming": True})
+        assert_cancelled_and_idle(routing_server, before, 1, since)
+        client.stop_stream()
+    results = [first, *answers.queue]
+    assert not any(isinstance(r, InferenceServerException) for r in results), results
+    tokens = [t for r in results if r.as_numpy("output_ids") is not None for t in r.as_numpy("output_ids")[0][0]]
+    assert 0 < len(tokens) < 400
+    assert any(r.as_numpy("output_ids") is None for r in results)  # the stop request's empty answer
+
+
 # --- benchmark_core_model.py --tensorrt-llm-model-name slm: two models on one stream ---------------------
 def test_core_model_and_subserver_requests_in_turn_on_one_stream(routing_server):
     """``benchmark_core_model.py --decoupled -i grpc --tensorrt-llm-model-name slm`` keeps its default

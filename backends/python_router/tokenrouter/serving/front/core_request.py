@@ -42,12 +42,12 @@ CORE_REFUSED = {
        for name in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")},
     **{name: "top-p decay is not implemented; send runtime_top_p alone"
        for name in ("runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids")},
-    "stop": "stopping a request by a second request is not supported; cancel it instead "
-            "(gRPC stop_stream(cancel_requests=True), or close the connection)",
 }
 # Accepted only at the value that switches them off (the fronts' rules, under the same names).
-CORE_OFF_ONLY = {name: OFF_ONLY[name] for name in (
-    "beam_width", "return_context_logits", "return_generation_logits", "return_perf_metrics")}
+CORE_OFF_ONLY = {**{name: OFF_ONLY[name] for name in (
+    "beam_width", "return_context_logits", "return_generation_logits", "return_perf_metrics")},
+    # a stop request never gets here: core_model.py answers it apart
+    "stop": (False, "a stop request carries the request id of the request to stop (core_model.py)")}
 # The core inputs that are RequestSpec's scalars under another name (the rest have RequestSpec's names).
 SPEC_NAMES = {"request_output_len": "max_tokens", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
               "temperature": "temperature", "repetition_penalty": "repetition_penalty",

@@ -86,7 +86,7 @@ class TritonPythonModel:
                                coded)
             return
         keys = [new_request_key() for _ in generations]
-        client = self.writer.open(sender, keys, request.requested_output_names() or None, coded)
+        client = self.writer.open(sender, keys, request.requested_output_names() or None, coded, request.request_id())
         for generation, key in zip(generations, keys):
             threading.Thread(target=self._generate, args=(client, generation, key), name="generation",
                              daemon=True).start()
