@@ -9,7 +9,8 @@ from typing import Callable, Iterator
 import pytest
 
 from tokenrouter.config import FrontendSpec
-from tokenrouter.serving.repository import model_parameters, render_frontend, subserver_config, write_front, write_model
+from tokenrouter.serving.repository import (CORE_MODEL, model_parameters, render_frontend, subserver_config,
+                                           write_core_model, write_front, write_model)
 from tokenrouter.launch.openai_process import OpenAIServer, free_port
 from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
 
@@ -58,6 +59,17 @@ UNARY = "unary"  # a unary front next to the decoupled `tokenrouter` in the test
 def add_unary_front(repository: Path, like: str = "tokenrouter") -> Path:
     """A unary front named UNARY with the parameters of front ``like`` (one server tests both modes)."""
     write_front(repository, UNARY, model_parameters(repository / like), decoupled=False, max_batch_size=8)
+    return repository
+
+
+UNARY_CORE = "tensorrt_llm_unary"  # a unary tensorrt_llm next to the decoupled one
+
+
+def add_unary_core(repository: Path) -> Path:
+    """A unary twin of ``tensorrt_llm`` named UNARY_CORE (TensorRT-LLM's token-level tools in their unary
+    modes, ``frontend.decoupled: false``, without a second server)."""
+    write_core_model(repository, UNARY_CORE, model_parameters(repository / CORE_MODEL), decoupled=False,
+                     max_batch_size=8)
     return repository
 
 

@@ -260,38 +260,47 @@ def test_a_batch_larger_than_max_batch_size_is_refused(echo_server) -> None:
 
 
 def test_preprocessing_and_postprocessing_stand_alone(echo_server, codec: TextCodec) -> None:
-    """Clients that tokenize themselves: preprocessing -> the subserver's inputs; postprocessing turns
-    a subserver chunk into text, on the same schema the fronts use."""
-    status, text = http_post(echo_server.http_url, "/v2/models/preprocessing/generate",
-                             {"text_input": "alpha beta", "stop_words": ["beta"], "end_id": 3,
-                              "embedding_bias_words": ["alpha"], "embedding_bias_weights": [2.0]})
+    """TensorRT-LLM's schemas: preprocessing's QUERY, ... -> INPUT_ID, ... (a front's token ids, word lists
+    in the [2, n] layout, a bias per vocabulary entry), postprocessing's TOKENS_BATCH -> OUTPUT."""
+    status, text = http_post(echo_server.http_url, "/v2/models/preprocessing/infer", {"inputs": [
+        {"name": "QUERY", "shape": [1, 1], "datatype": "BYTES", "data": ["alpha beta"]},
+        {"name": "REQUEST_OUTPUT_LEN", "shape": [1, 1], "datatype": "INT32", "data": [5]},
+        {"name": "STOP_WORDS_DICT", "shape": [1, 2], "datatype": "BYTES", "data": ["beta", ""]},
+        {"name": "END_ID", "shape": [1, 1], "datatype": "INT32", "data": [3]},
+        {"name": "EMBEDDING_BIAS_WORDS", "shape": [1, 1], "datatype": "BYTES", "data": ["alpha"]},
+        {"name": "EMBEDDING_BIAS_WEIGHTS", "shape": [1, 1], "datatype": "FP32", "data": [2.0]}]})
     assert status == 200, text
-    reply = {name: np.atleast_1d(value).tolist() for name, value in json.loads(text).items()}
-    assert reply["input_ids"] == codec.encode_prompt("alpha beta")
-    assert reply["stop_ids"] == [*codec.token_sequences(["beta"])[0], -1]
-    assert reply["end_id"] == [3] and reply["logit_bias_ids"] == codec.token_sequences(["alpha"])[0]
-    assert reply["logit_bias_weights"] == [2.0] * len(reply["logit_bias_ids"])
+    reply = {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in json.loads(text)["outputs"]}
+    prompt, beta = codec.encode_prompt("alpha beta"), codec.token_sequences(["beta"])[0]
+    assert reply["INPUT_ID"].tolist() == [prompt] and reply["REQUEST_INPUT_LEN"].tolist() == [[len(prompt)]]
+    assert reply["STOP_WORDS_IDS"].tolist() == [[beta, [len(beta)] + [-1] * (len(beta) - 1)]]
+    assert reply["BAD_WORDS_IDS"].shape == (1, 2, 0) and reply["OUT_END_ID"].tolist() == [[3]]
+    assert reply["REQUEST_OUTPUT_LEN"].tolist() == [[5]] and reply["EMBEDDING_BIAS"].shape == (1, len(codec.tokenizer))
+    assert set(np.flatnonzero(reply["EMBEDDING_BIAS"])) == set(codec.token_sequences(["alpha"])[0])
     ids = codec.encode_prompt("héllo")
-    status, text = http_post(echo_server.http_url, "/v2/models/postprocessing/generate",
-                             {"output_ids": ids, "prefix_ids": [], "output_models": ["m"] * len(ids),
-                              "finish_reason": "eos", "large_model_share": 0.0, "is_final": True})
+    status, text = http_post(echo_server.http_url, "/v2/models/postprocessing/infer", {"inputs": [
+        {"name": "TOKENS_BATCH", "shape": [1, 1, len(ids) + 2], "datatype": "INT32", "data": ids + [0, 0]},
+        {"name": "SEQUENCE_LENGTH", "shape": [1, 1], "datatype": "INT32", "data": [len(ids)]}]})
     assert status == 200, text
-    assert json.loads(text)["text_output"] == "héllo"
+    assert json.loads(text)["outputs"][0]["data"] == ["héllo"]
 
 
 @pytest.mark.parametrize("ids, message", [
-    ([2**31 - 1], r"output_ids holds id 2147483647, outside the vocabulary \[0, "),
-    ([-1], r"output_ids holds id -1, outside the vocabulary"),
-    ([1] * 100_000, r"output_ids holds 100000 ids; the limit is \d+ \(the context limit\)"),
+    ([2**31 - 1], r"TOKENS_BATCH holds id 2147483647, outside the vocabulary \[0, "),
+    ([-1], r"TOKENS_BATCH holds id -1, outside the vocabulary"),
+    ([1] * 100_000, r"TOKENS_BATCH must be \[rows, beams, n\] with n <= \d+ \(the context limit\), "
+                    r"got \[1, 1, 100000\]"),
 ])
 def test_postprocessing_refuses_ids_it_cannot_decode(echo_server, ids, message) -> None:
     """A client calls postprocessing directly: out-of-vocabulary ids answered INTERNAL OverflowError
-    and a million of them took seconds; now a 400 that names the input, and the model serves on."""
-    status, text = http_post(echo_server.http_url, "/v2/models/postprocessing/generate",
-                             {"output_ids": ids, "prefix_ids": [], "output_models": ["m"] * len(ids),
-                              "finish_reason": "eos", "large_model_share": 0.0, "is_final": True})
+    and a million of them took seconds; now a 400 that names the input (the size by the shape alone),
+    and the model serves on."""
+    def post(tokens: list[int]) -> tuple[int, str]:
+        return http_post(echo_server.http_url, "/v2/models/postprocessing/infer", {"inputs": [
+            {"name": "TOKENS_BATCH", "shape": [1, 1, len(tokens)], "datatype": "INT32", "data": tokens},
+            {"name": "SEQUENCE_LENGTH", "shape": [1, 1], "datatype": "INT32", "data": [len(tokens)]}]})
+
+    status, text = post(ids)
     assert status == 400 and re.search(message, json.loads(text)["error"]), (status, text[:300])
-    status, text = http_post(echo_server.http_url, "/v2/models/postprocessing/generate",
-                             {"output_ids": [40], "prefix_ids": [], "output_models": ["m"], "finish_reason": "eos",
-                              "large_model_share": 0.0, "is_final": True})
+    status, text = post([40])
     assert status == 200, text

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from e2e.conftest import add_unary_front, backend_dir  # noqa: F401 - the e2e suite's backend folder, built once
+from e2e.conftest import add_unary_core, add_unary_front, backend_dir  # noqa: F401 - the e2e suite's backend folder
 from e2e.test_routing_server import routing_config
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.launch.triton_server import Ports, TritonServer, find_triton
@@ -20,9 +20,10 @@ from tokenrouter.launch.triton_server import Ports, TritonServer, find_triton
 def routing_server(backend_dir: Path, tiny_pair: dict[str, Path],  # noqa: F811
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """The tiny pair behind the python_router subservers, routing 30 % of positions to llm, with the
-    default fronts and a unary one; one for the whole suite (a start costs tens of seconds here).
-    Its log goes to a file."""
-    repository = add_unary_front(render_repository(routing_config(tiny_pair), tmp_path_factory.mktemp("routing-repo")))
+    default fronts, a unary one and a unary tensorrt_llm; one for the whole suite (a start costs tens of
+    seconds here). Its log goes to a file."""
+    repository = add_unary_core(add_unary_front(render_repository(routing_config(tiny_pair),
+                                                                  tmp_path_factory.mktemp("routing-repo"))))
     log = (tmp_path_factory.mktemp("routing-log") / "server.log").open("w")
     server = TritonServer(repository, backend_dir, find_triton(), Ports.free(), host="127.0.0.1",
                           log_sink=lambda line: (log.write(line + "\n"), log.flush()), exit_timeout_s=5)

@@ -188,3 +188,25 @@ def test_end_all_fails_every_live_request_once_then_answers_the_caller() -> None
     assert [len(c.sender.sent) for c in clients] == [2, 1, 1]
     assert caller.sent == [(caller.sent[0][0], True)] and caller.sent[0][0].error is None
     assert log.index(caller) > max(log.index(c.sender) for c in clients)  # answered after the clients
+
+
+def test_a_stop_request_cancels_the_requests_of_its_request_id_and_is_answered() -> None:
+    """TensorRT-LLM's stop request (tensorrt_llm, ``stop`` true) names the request to stop by its request
+    id: that one's generations are cancelled at the entry, no other's, and the stop request gets one empty
+    FINAL; the stopped request then ends as usual (its generations' last output carries the FINAL)."""
+    entry = EntryCancels()
+    writer = FrontWriter(fake_pb(), entry, cancel_poll_s=POLL_S)
+    stopped, other, caller = FakeSender(), FakeSender(), FakeSender()
+    try:
+        client = writer.open(stopped, ["k0", "k1"], None, request_id="7")
+        writer.open(other, ["k2"], None, request_id="8")
+        writer.stop("7", caller)
+        wait_for(lambda: caller.sent)
+        assert entry.calls == [["k0", "k1"]]
+        assert [(list(dict(response.output_tensors)), final) for response, final in caller.sent] == [([], True)]
+        writer.respond(client, text("a"), last_of_generation=True)
+        writer.respond(client, text("b"), last_of_generation=True)
+        wait_for(lambda: len(stopped.sent) == 2)
+        assert texts(stopped) == [("a", False), ("b", True)] and not other.sent
+    finally:
+        writer.close()

@@ -248,15 +248,20 @@ def test_every_front_declares_tensorrt_llms_whole_interface(front: str, tmp_path
     assert read_model_config(tmp_path / "repo" / front).parameters["entry"].string_value == "small"
 
 
-def test_tensorrt_llm_is_a_decoupled_model_that_declares_the_core_model_inputs(tmp_path: Path) -> None:
-    """A stream client naming TensorRT-LLM's core model must reach a decoupled model: see core_model.py."""
-    from tokenrouter.serving.schema import CORE_MODEL_INPUTS
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_tensorrt_llm_declares_the_core_model_tensors_in_the_fronts_mode(tmp_path: Path, decoupled: bool) -> None:
+    """TensorRT-LLM's core model: its inputs and outputs, every input optional (the model names a missing
+    one), decoupled or unary as the fronts (TensorRT-LLM's ``decoupled: ${decoupled_mode}``)."""
+    from tokenrouter.serving.schema import CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS
 
-    repo = render_repository(rich_config(tmp_path), tmp_path / "repo")
-    config = read_model_config(repo / "tensorrt_llm")
-    assert config.model_transaction_policy.decoupled and config.backend == "python"
+    raw = rich_config(tmp_path)
+    raw["frontend"] = {"decoupled": decoupled, "max_batch_size": 4}
+    config = read_model_config(render_repository(raw, tmp_path / "repo") / "tensorrt_llm")
+    assert config.model_transaction_policy.decoupled == decoupled and config.backend == "python"
+    assert config.max_batch_size == 4 and not any(t.optional is False for t in config.input)
     assert [t.name for t in config.input] == list(CORE_MODEL_INPUTS)
-    assert {"input_ids", "input_lengths", "request_output_len", "pad_id", "end_id"} <= set(CORE_MODEL_INPUTS)
+    assert [t.name for t in config.output] == list(CORE_MODEL_OUTPUTS)
+    assert config.parameters["one_token_per_response"].string_value == "true"
 
 
 def test_front_names_mode_and_batch_size_come_from_the_config_and_read_back(tmp_path: Path) -> None:
@@ -286,16 +291,30 @@ def test_front_names_that_cannot_be_served_are_refused_by_field(change: dict, me
         load_config({**rich_config(tmp_path), **change})
 
 
-def test_the_text_models_and_the_front_speak_the_subserver_interface() -> None:
-    """preprocessing's outputs are subserver inputs, postprocessing reads subserver outputs, and the
+# How TensorRT-LLM's ensemble (c2e65b88) wires preprocessing -> tensorrt_llm -> postprocessing
+ENSEMBLE_WIRING = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths",
+                   "REQUEST_OUTPUT_LEN": "request_output_len", "DECODER_INPUT_ID": "decoder_input_ids",
+                   "REQUEST_DECODER_INPUT_LEN": "decoder_input_lengths",
+                   "BAD_WORDS_IDS": "bad_words_list", "STOP_WORDS_IDS": "stop_words_list",
+                   "EMBEDDING_BIAS": "embedding_bias", "OUT_END_ID": "end_id", "OUT_PAD_ID": "pad_id",
+                   "output_ids": "TOKENS_BATCH", "sequence_length": "SEQUENCE_LENGTH"}
+
+
+def test_the_text_models_feed_the_core_model_and_the_front_speaks_the_subserver_interface() -> None:
+    """preprocessing's outputs fit tensorrt_llm's inputs and tensorrt_llm's outputs postprocessing's, as
+    TensorRT-LLM's ensemble wires them (same dtype; dims alike but where TensorRT-LLM's differ too); the
     front sends only subserver inputs, each of its declared dtype (one schema, no second list)."""
     from tokenrouter.protocol import RequestSpec
     from tokenrouter.serving.front.front_request import Generation
-    from tokenrouter.serving.schema import (POSTPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, SPEC_SCALARS,
-                                            SUBSERVER_INPUTS, SUBSERVER_OUTPUTS)
+    from tokenrouter.serving.schema import (CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS, POSTPROCESSING_INPUTS,
+                                            PREPROCESSING_OUTPUTS, SPEC_SCALARS, SUBSERVER_INPUTS)
 
-    assert PREPROCESSING_OUTPUTS.items() <= SUBSERVER_INPUTS.items()
-    assert POSTPROCESSING_INPUTS.items() <= SUBSERVER_OUTPUTS.items()
+    sources = {**PREPROCESSING_OUTPUTS, **CORE_MODEL_OUTPUTS}
+    targets = {**CORE_MODEL_INPUTS, **POSTPROCESSING_INPUTS}
+    for source, target in ENSEMBLE_WIRING.items():
+        assert sources[source].datatype == targets[target].datatype, (source, target)
+    assert set(PREPROCESSING_OUTPUTS) <= set(ENSEMBLE_WIRING) and set(POSTPROCESSING_INPUTS) <= {
+        ENSEMBLE_WIRING["output_ids"], ENSEMBLE_WIRING["sequence_length"]}
     assert set(SPEC_SCALARS) <= set(RequestSpec.__dataclass_fields__)
     sent = Generation(0, 0, [1, 2], RequestSpec(prompt_len=2, max_tokens=3, logit_bias=[(4, 1.5)]), True,
                       False).entry_inputs()

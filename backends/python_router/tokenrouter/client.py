@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from .serving.schema import CLIENT_INPUTS, SUBSERVER_INPUTS
 
 DEFAULT_MODEL = "tokenrouter"
-# The fronts' inputs, and the subservers' for clients that call one directly (input_ids, ...).
+# The fronts' inputs, and the subservers' (only this server's own models may send those: tests check the refusals).
 TENSORS = {**SUBSERVER_INPUTS, **CLIENT_INPUTS}
 
 

@@ -4,9 +4,9 @@ Layout (one folder per Triton model)::
 
     tokenrouter/      python: a front (what clients call; also ensemble/, tensorrt_llm_bls/: frontend.names),
                       TensorRT-LLM's interface -> the entry subserver by BLS -> text (front_model.py)
-    tensorrt_llm/     python, decoupled: TensorRT-LLM's core model name, refusing clearly (front/core_model.py)
-    preprocessing/    python, standalone: text -> token ids (tokenizer, chat template, stop words, end ids)
-    postprocessing/   python, standalone: token ids -> text, UTF-8 safe across streamed chunks
+    tensorrt_llm/     python: TensorRT-LLM's core model, token ids -> the entry -> token ids (front/core_model.py)
+    preprocessing/    python, standalone: TensorRT-LLM's preprocessing (QUERY, ... -> INPUT_ID, ...)
+    postprocessing/   python, standalone: TensorRT-LLM's postprocessing (TOKENS_BATCH, SEQUENCE_LENGTH -> OUTPUT)
     <model>/          python_router, role "subserver": one per config model (ModelSpec as parameters)
     routing_policy/   python_router, role "routing_policy": policy, scheduling and the policy's weights in 1/
 
@@ -45,7 +45,7 @@ from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, CORE_MODEL_INPUTS, CORE_MODE
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
 ROUTING_POLICY = "routing_policy"  # carries the policy, its weights and the scheduling settings
-CORE_MODEL = "tensorrt_llm"  # TensorRT-LLM's core model name, held by a model that refuses (front/core_model.py)
+CORE_MODEL = "tensorrt_llm"  # TensorRT-LLM's core model: token ids in, token ids out (front/core_model.py)
 LEGACY_ROUTING_POLICY = "router"  # its name and role before the rename (re-rendering carries its trained routers)
 ROUTER_BACKEND = "python_router"
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_MODEL")
@@ -64,10 +64,11 @@ HEADER = (
 REQUIRED_INPUTS = frozenset({"input_ids"})  # the fronts name a missing input themselves
 
 
-def _add_tensors(config: mc.ModelConfig, inputs: Iterable[Tensor], outputs: Iterable[Tensor]) -> None:
+def _add_tensors(config: mc.ModelConfig, inputs: Iterable[Tensor], outputs: Iterable[Tensor],
+                 required: frozenset[str]) -> None:
     for t in inputs:
         config.input.add(name=t.name, data_type=mc.DataType.Value(t.config_type), dims=t.dims,
-                         optional=t.name not in REQUIRED_INPUTS)
+                         optional=t.name not in required)
     for t in outputs:
         config.output.add(name=t.name, data_type=mc.DataType.Value(t.config_type), dims=t.dims)
 
@@ -127,10 +128,12 @@ def repository_path(raw: str, repo_dir: Path) -> str | None:
 def model_config(name: str, *, backend: str = "", platform: str = "", max_batch_size: int = MAX_BATCH_SIZE,
                  inputs: Iterable[Tensor] = (), outputs: Iterable[Tensor] = (),
                  parameters: Mapping[str, Any] | None = None, decoupled: bool = False,
-                 instance_kind: str | None = "KIND_CPU", gpus: Iterable[int] = ()) -> mc.ModelConfig:
-    """One model's config.pbtxt contents; parameters are encoded as strings."""
+                 instance_kind: str | None = "KIND_CPU", gpus: Iterable[int] = (),
+                 required: frozenset[str] = REQUIRED_INPUTS) -> mc.ModelConfig:
+    """One model's config.pbtxt contents; parameters are encoded as strings. Inputs not ``required``
+    are optional (the models name a missing one themselves)."""
     config = mc.ModelConfig(name=name, backend=backend, platform=platform, max_batch_size=max_batch_size)
-    _add_tensors(config, inputs, outputs)
+    _add_tensors(config, inputs, outputs, required)
     for key, value in (parameters or {}).items():
         config.parameters[key].string_value = _encode(value)
     if decoupled:
@@ -205,22 +208,31 @@ def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template
     text = {"tokenizer": tokenizer, "chat_template": chat_template, "max_model_len": max_model_len,
             "max_input_bytes": None}
     limits = {name: getattr(frontend, name) for name in FAN_OUT_LIMITS}
+    shared = {**text, **limits, EXCLUDE_INPUT: frontend.exclude_input_in_output, "entry": entry}
     for name in frontend.names:
-        write_front(repo_dir, name, {**text, **limits, EXCLUDE_INPUT: frontend.exclude_input_in_output,
-                                     ONE_TOKEN_PER_RESPONSE: name in frontend.one_token_per_response,
-                                     "entry": entry}, decoupled=frontend.decoupled,
-                    max_batch_size=frontend.max_batch_size)
+        write_front(repo_dir, name, {**shared, ONE_TOKEN_PER_RESPONSE: name in frontend.one_token_per_response},
+                    decoupled=frontend.decoupled, max_batch_size=frontend.max_batch_size)
+    # TensorRT-LLM's core model streams one token per response, and so does this one
+    write_core_model(repo_dir, CORE_MODEL, {**shared, ONE_TOKEN_PER_RESPONSE: True}, decoupled=frontend.decoupled,
+                     max_batch_size=frontend.max_batch_size)
     pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS.values(),
-                       outputs=PREPROCESSING_OUTPUTS.values(), parameters=text)
+                       outputs=PREPROCESSING_OUTPUTS.values(), parameters={**text, "max_words": frontend.max_words},
+                       max_batch_size=frontend.max_batch_size, required=frozenset())
     write_model(repo_dir, pre, {"model.py": _shim("tokenrouter.serving.text.preprocessing_model")})
     post = model_config(POSTPROCESSING, backend="python", inputs=POSTPROCESSING_INPUTS.values(),
-                        outputs=POSTPROCESSING_OUTPUTS.values(), parameters={"tokenizer": tokenizer})
+                        outputs=POSTPROCESSING_OUTPUTS.values(), max_batch_size=frontend.max_batch_size,
+                        parameters={"tokenizer": tokenizer, "max_model_len": max_model_len}, required=frozenset())
     write_model(repo_dir, post, {"model.py": _shim("tokenrouter.serving.text.postprocessing_model")})
-    # Decoupled, like every model a stream client reaches here: see front/core_model.py
-    core = model_config(CORE_MODEL, backend="python", max_batch_size=frontend.max_batch_size,
-                        inputs=CORE_MODEL_INPUTS.values(), outputs=CORE_MODEL_OUTPUTS.values(),
-                        parameters={"entry": entry, "fronts": frontend.names}, decoupled=True)
-    write_model(repo_dir, core, {"model.py": _shim("tokenrouter.serving.front.core_model")})
+
+
+def write_core_model(repo_dir: Path, name: str, parameters: Mapping[str, Any], *, decoupled: bool,
+                     max_batch_size: int) -> Path:
+    """TensorRT-LLM's core model (front/core_model.py) under ``name``: a front's ``parameters``, TensorRT-LLM's
+    core tensors, every input optional (the model names a missing one, as a front does)."""
+    config = model_config(name, backend="python", max_batch_size=max_batch_size, inputs=CORE_MODEL_INPUTS.values(),
+                          outputs=CORE_MODEL_OUTPUTS.values(), parameters={**parameters, "role": "core_model"},
+                          decoupled=decoupled, required=frozenset())
+    return write_model(repo_dir, config, {"model.py": _shim("tokenrouter.serving.front.core_model")})
 
 
 def write_front(repo_dir: Path, name: str, parameters: Mapping[str, Any], *, decoupled: bool,

@@ -143,13 +143,14 @@ SUBSERVER_INPUTS = _tensors(
     ("min_tokens", "INT32", ONE),
     ("return_log_probs", "BOOL", ONE),
     ("stream", "BOOL", ONE),
-    ("end_id", "INT32", ANY),
+    ("end_id", "INT32", ANY),  # none sent: the model's end ids; [NO_END_ID]: none at all
     ("stop_ids", "INT32", ANY),  # stop sequences, each followed by -1 (flatten_sequences)
     ("bad_ids", "INT32", ANY),  # bad-word sequences, the same way
     ("logit_bias_ids", "INT32", ANY),  # with logit_bias_weights: (token id, added to its logit) pairs
     ("logit_bias_weights", "FP32", ANY),
     ("peer_message", "BYTES", ONE),  # subserver to subserver, and control calls (peer_auth.py)
 )
+NO_END_ID = -1  # end_id [-1]: the generation ends by length or a stop word only (TensorRT-LLM's end_id -1)
 PEER_INPUT = "peer_message"  # the one a peer message or a control call travels in (no other input with it)
 # How many of the tokens emitted before a chunk travel with it as prefix_ids: a character has at
 # most 4 bytes, so a held-back partial character always fits (text/detokenize.py).
@@ -174,8 +175,9 @@ ONE_TOKEN_PER_RESPONSE = "one_token_per_response"
 SPEC_SCALARS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "presence_penalty",
                 "frequency_penalty", "min_tokens", "return_log_probs")
 
-# --- TensorRT-LLM's core model (``tensorrt_llm``): the inputs its token-level tools send ---------
-# Declared by the model that holds the name and refuses (front/core_model.py), so that the refusal is its own.
+# --- TensorRT-LLM's core model (``tensorrt_llm``): token ids in, token ids out -----------------
+# Every input its config declares at tensorrtllm_backend c2e65b88 (names, dtypes, dims), plus two older
+# names its tools still send; front/core_request.py reads them or refuses them by name.
 CORE_MODEL_INPUTS = _tensors(
     ("input_ids", "INT32", ANY),
     ("input_lengths", "INT32", ONE),
@@ -185,35 +187,106 @@ CORE_MODEL_INPUTS = _tensors(
     ("pad_id", "INT32", ONE),
     ("stop_words_list", "INT32", (2, -1)),
     ("bad_words_list", "INT32", (2, -1)),
+    ("embedding_bias", "FP32", ANY),
     ("beam_width", "INT32", ONE),
     ("temperature", "FP32", ONE),
     ("runtime_top_k", "INT32", ONE),
     ("runtime_top_p", "FP32", ONE),
+    ("runtime_top_p_min", "FP32", ONE),
+    ("runtime_top_p_decay", "FP32", ONE),
+    ("runtime_top_p_reset_ids", "INT32", ONE),
     ("len_penalty", "FP32", ONE),
+    ("early_stopping", "BOOL", ONE),
     ("repetition_penalty", "FP32", ONE),
     ("min_tokens", "INT32", ONE),
+    ("min_length", "INT32", ONE),  # the older name of min_tokens (identity_test.py's helpers)
+    ("beam_search_diversity_rate", "FP32", ONE),
     ("presence_penalty", "FP32", ONE),
     ("frequency_penalty", "FP32", ONE),
     ("seed", "UINT64", ONE),
-    ("random_seed", "UINT64", ONE),  # the older name, which the tools' helpers still send
+    ("random_seed", "UINT64", ONE),  # the older name of seed
     ("return_log_probs", "BOOL", ONE),
     ("return_context_logits", "BOOL", ONE),
     ("return_generation_logits", "BOOL", ONE),
     ("return_perf_metrics", "BOOL", ONE),
     ("exclude_input_in_output", "BOOL", ONE),
+    ("stop", "BOOL", ONE),
     ("streaming", "BOOL", ONE),
+    ("decoder_input_ids", "INT32", ANY),
+    ("decoder_input_lengths", "INT32", ONE),
+    ("encoder_input_features", "FP16", (-1, -1)),
+    ("encoder_output_lengths", "INT32", ONE),
+    ("draft_input_ids", "INT32", ANY),
+    ("draft_logits", "FP32", (-1, -1)),
+    ("draft_acceptance_threshold", "FP32", ONE),
+    ("prompt_embedding_table", "FP16", (-1, -1)),
+    ("prompt_table_extra_ids", "UINT64", ANY),
+    ("prompt_vocab_size", "INT32", ONE),
+    ("cross_attention_mask", "BOOL", (-1, -1)),
+    ("mrope_rotary_cos_sin", "FP32", ANY),
+    ("mrope_position_deltas", "INT64", ONE),
+    ("lora_task_id", "UINT64", ONE),
+    ("lora_weights", "FP16", (-1, -1)),
+    ("lora_config", "INT32", (-1, 3)),
+    ("context_phase_params", "UINT8", ANY),
+    ("skip_cross_attn_blocks", "BOOL", ONE),
+    ("retention_token_range_starts", "INT32", ANY),
+    ("retention_token_range_ends", "INT32", ANY),
+    ("retention_token_range_priorities", "INT32", ANY),
+    ("retention_token_range_durations_ms", "INT32", ANY),
+    ("retention_decode_priority", "INT32", ONE),
+    ("retention_decode_duration_ms", "INT32", ONE),
+    ("guided_decoding_guide_type", "BYTES", ONE),
+    ("guided_decoding_guide", "BYTES", ONE),
+    ("lookahead_window_size", "INT32", ONE),
+    ("lookahead_ngram_size", "INT32", ONE),
+    ("lookahead_verification_set_size", "INT32", ONE),
 )
-CORE_MODEL_OUTPUTS = _tensors(("output_ids", "INT32", (-1, -1)), ("sequence_length", "INT32", ANY))
+CORE_MODEL_OUTPUTS = {
+    **_tensors(("output_ids", "INT32", (-1, -1)),  # [beam, tokens]: one beam here
+               ("sequence_length", "INT32", ANY),  # per beam: the tokens in output_ids
+               ("cum_log_probs", "FP32", ANY),
+               ("output_log_probs", "FP32", (-1, -1))),
+    **{name: CLIENT_OUTPUTS[name] for name in (
+        "context_logits", "generation_logits", "batch_index", "sequence_index", "kv_cache_alloc_new_blocks",
+        "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns", "first_scheduled_time_ns",
+        "first_token_time_ns", "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens",
+        "total_draft_tokens",
+        # ours, as the fronts answer them
+        "output_models", "finish_reason", "large_model_share")},
+}
 
-# --- the standalone text models, for clients that tokenize or detokenize on their own -----------
-PREPROCESSING_INPUTS = {name: CLIENT_INPUTS[name] for name in (
-    "text_input", "stop_words", "bad_words", "end_id", "embedding_bias_words", "embedding_bias_weights")}
-PREPROCESSING_OUTPUTS = {name: SUBSERVER_INPUTS[name] for name in (
-    "input_ids", "stop_ids", "bad_ids", "end_id", "logit_bias_ids", "logit_bias_weights")}
-POSTPROCESSING_INPUTS = {name: t for name, t in SUBSERVER_OUTPUTS.items()
-                         if name not in ("output_log_probs", "error", "error_code")}
-POSTPROCESSING_OUTPUTS = {name: CLIENT_OUTPUTS[name] for name in (
-    "text_output", "output_ids", "output_models", "finish_reason", "large_model_share")}
+# --- the standalone text models, TensorRT-LLM's ``preprocessing`` and ``postprocessing`` ----------
+# (c2e65b88's names, dtypes and dims; text/preprocessing_model.py, text/postprocessing_model.py)
+PREPROCESSING_INPUTS = _tensors(
+    ("QUERY", "BYTES", ONE),
+    ("REQUEST_OUTPUT_LEN", "INT32", ONE),
+    ("BAD_WORDS_DICT", "BYTES", ANY),
+    ("STOP_WORDS_DICT", "BYTES", ANY),
+    ("EMBEDDING_BIAS_WORDS", "BYTES", ANY),
+    ("EMBEDDING_BIAS_WEIGHTS", "FP32", ANY),
+    ("END_ID", "INT32", ONE),
+    ("PAD_ID", "INT32", ONE),
+    ("DECODER_QUERY", "BYTES", ONE),
+    ("IMAGE_BYTES", "UINT8", (-1, -1, -1, -1)),
+    ("IMAGE_URL", "BYTES", ONE),
+    ("VIDEO_BYTES", "UINT8", (-1, -1, -1, -1)),
+    ("PROMPT_TABLE_EXTRA_ID", "UINT64", ONE),
+)
+PREPROCESSING_OUTPUTS = _tensors(
+    ("INPUT_ID", "INT32", ANY),
+    ("REQUEST_INPUT_LEN", "INT32", ONE),
+    ("DECODER_INPUT_ID", "INT32", ANY),
+    ("REQUEST_DECODER_INPUT_LEN", "INT32", ONE),
+    ("BAD_WORDS_IDS", "INT32", (2, -1)),
+    ("STOP_WORDS_IDS", "INT32", (2, -1)),
+    ("EMBEDDING_BIAS", "FP32", ANY),
+    ("REQUEST_OUTPUT_LEN", "INT32", ANY),
+    ("OUT_END_ID", "INT32", ONE),
+    ("OUT_PAD_ID", "INT32", ONE),
+)
+POSTPROCESSING_INPUTS = _tensors(("TOKENS_BATCH", "INT32", (-1, -1)), ("SEQUENCE_LENGTH", "INT32", ANY))
+POSTPROCESSING_OUTPUTS = _tensors(("OUTPUT", "BYTES", ANY))
 
 ROUTING_POLICY_OUTPUTS = _tensors(("policy", "BYTES", ONE))  # the routing config carrier's answer, as JSON
 
@@ -236,4 +309,35 @@ def split_sequences(flat: Iterable[int]) -> list[list[int]]:
             current.append(int(token))
     if current:
         sequences.append(current)
+    return sequences
+
+
+def word_list_rows(rows: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
+    """Token sequences per batch row in TensorRT-LLM's word-list layout, ``[rows, 2, n]``: row ``[0]``
+    the sequences' ids back to back, row ``[1]`` the cumulative end offset of each, both padded to
+    the longest row (ids with 0, offsets with -1), at least 1 wide."""
+    flat = [[token for sequence in sequences for token in sequence] for sequences in rows]
+    ends = [np.cumsum([len(sequence) for sequence in sequences]).tolist() for sequences in rows]
+    width = max([1, *(len(ids) for ids in flat)])
+    array = np.zeros((len(rows), 2, width), dtype=np.int32)
+    array[:, 1, :] = -1
+    for r, (ids, offsets) in enumerate(zip(flat, ends)):
+        array[r, 0, :len(ids)] = ids
+        array[r, 1, :len(offsets)] = offsets
+    return array
+
+
+def word_list_sequences(row: np.ndarray) -> list[list[int]]:
+    """One batch row ``[2, n]`` of TensorRT-LLM's word-list layout as token sequences (empty ones dropped);
+    offsets end at the first negative one. Raises ValueError for offsets that go back or past the ids."""
+    ids, offsets = row[0].tolist(), row[1].tolist()
+    sequences, start = [], 0
+    for end in offsets:
+        if end < 0:
+            break
+        if end < start or end > len(ids):
+            raise ValueError(f"offset {end} goes back or past the {len(ids)} ids")
+        if end > start:
+            sequences.append(ids[start:end])
+        start = end
     return sequences

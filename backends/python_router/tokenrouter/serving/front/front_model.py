@@ -24,6 +24,7 @@ import logging
 import threading
 from typing import Any
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ...request_builder import RequestError
@@ -75,9 +76,7 @@ class TritonPythonModel:
             return
         coded = bool(parameters.get(ERROR_CODES_PARAMETER))
         try:
-            inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
-            generations = parse_request(inputs, self.text, decoupled=self.decoupled, limits=self.limits,
-                                        exclude_input=self.exclude_input)
+            generations = self.generations({tensor.name(): tensor.as_numpy() for tensor in request.inputs()})
         except RequestError as exc:
             self.writer.reject(sender, str(exc), pb_utils.TritonError.INVALID_ARG, coded)
             return
@@ -87,10 +86,19 @@ class TritonPythonModel:
                                coded)
             return
         keys = [new_request_key() for _ in generations]
-        client = self.writer.open(sender, keys, request.requested_output_names() or None, coded)
+        client = self.writer.open(sender, keys, request.requested_output_names() or None, coded, request.request_id())
         for generation, key in zip(generations, keys):
             threading.Thread(target=self._generate, args=(client, generation, key), name="generation",
                              daemon=True).start()
+
+    def generations(self, inputs: dict[str, np.ndarray]) -> list[Generation]:
+        """The request's generations, read from its inputs (raises RequestError)."""
+        return parse_request(inputs, self.text, decoupled=self.decoupled, limits=self.limits,
+                             exclude_input=self.exclude_input)
+
+    def output(self, generation: Generation) -> GenerationOutput:
+        """What turns the entry's chunks of ``generation`` into the client's responses."""
+        return GenerationOutput(self.text.codec, generation)
 
     def _control(self, sender: Any, parameters: dict[str, Any]) -> None:
         """The launcher's ``shutdown`` (with this server start's secret): end every request in flight
@@ -104,7 +112,7 @@ class TritonPythonModel:
 
     def _generate(self, client: ClientRequest, generation: Generation, key: str) -> None:
         """One generation's BLS stream from the entry, turned into the client's outputs."""
-        output = GenerationOutput(self.text.codec, generation)
+        output = self.output(generation)
         try:
             for chunk in stream_from_entry(pb_utils, self.entry, generation.entry_inputs(), output.entry_outputs(),
                                            {**front_request_parameters(self.secret, key), **self.entry_parameters}):

@@ -19,6 +19,13 @@ from ..text.entry_chunk import EntryChunk, chunk_outputs
 from .front_request import Generation
 
 
+def entry_outputs(generation: Generation) -> list[str]:
+    """The entry's outputs a generation reads (each tensor costs in every process it crosses): never
+    ``prefix_ids`` (a front keeps its generation's tail), ``output_log_probs`` only when asked."""
+    unread = {"prefix_ids"} if generation.spec.return_log_probs else {"prefix_ids", "output_log_probs"}
+    return [name for name in SUBSERVER_OUTPUTS if name not in unread]
+
+
 class GenerationOutput:
     """One generation's responses: each chunk as it comes when streaming, else one at the end.
 
@@ -32,9 +39,7 @@ class GenerationOutput:
         self._cum_log_prob = 0.0
 
     def entry_outputs(self) -> list[str]:
-        """The entry's outputs this generation reads (each tensor costs in every process it crosses)."""
-        unread = {"prefix_ids"} if self._generation.spec.return_log_probs else {"prefix_ids", "output_log_probs"}
-        return [name for name in SUBSERVER_OUTPUTS if name not in unread]
+        return entry_outputs(self._generation)
 
     def response(self, chunk: EntryChunk) -> dict[str, np.ndarray] | None:
         """The client outputs for ``chunk``; None while a non-streaming generation is not done."""
@@ -47,7 +52,7 @@ class GenerationOutput:
             self._held.append(chunk)
             if not chunk.final:
                 return None
-            chunk = _joined(self._held)
+            chunk = joined_chunks(self._held)
             shown = chunk.tokens.tolist()
             if generation.echo_prompt:
                 shown = [*generation.prompt_ids, *shown]
@@ -66,7 +71,8 @@ class GenerationOutput:
         return outputs
 
 
-def _joined(chunks: list[EntryChunk]) -> EntryChunk:
+def joined_chunks(chunks: list[EntryChunk]) -> EntryChunk:
+    """A generation's chunks as one (its tokens, models and log probabilities in order; the last one's end)."""
     last = chunks[-1]
     if len(chunks) == 1:
         return last

@@ -123,16 +123,23 @@ def parse_request(inputs: Mapping[str, np.ndarray], text: TextInputs, *, decoupl
     texts = inputs.get("text_input")
     if texts is None or texts.size == 0:
         raise RequestError("text_input is missing")
-    rows = texts.shape[0]
+    counts = generation_counts(inputs, texts.shape[0], decoupled, limits, "front")
+    return [generation for r, count in enumerate(counts)
+            for generation in _row_generations(_Row(inputs, r), r, count, text, decoupled, exclude_input)]
+
+
+def generation_counts(inputs: Mapping[str, np.ndarray], rows: int, decoupled: bool, limits: FanOutLimits,
+                      model: str) -> list[int]:
+    """How many generations each of the ``rows`` starts, checked against ``limits`` before any is built;
+    a unary ``model`` takes one row."""
     if not decoupled and rows > 1:
-        raise RequestError(f"a batch of {rows} rows needs a decoupled front (one response per row); this one is "
+        raise RequestError(f"a batch of {rows} rows needs a decoupled {model} (one response per row); this one is "
                            "unary: send one row per request")
     counts = [_sequence_count(_Row(inputs, r), limits) for r in range(rows)]
     if sum(counts) > limits.max_generations:
         raise RequestError(f"{rows} rows x num_return_sequences make {sum(counts)} generations; the limit per request "
                            f"is {limits.max_generations} (frontend.max_generations)")
-    return [generation for r, count in enumerate(counts)
-            for generation in _row_generations(_Row(inputs, r), r, count, text, decoupled, exclude_input)]
+    return counts
 
 
 def _sequence_count(row: _Row, limits: FanOutLimits) -> int:
@@ -145,23 +152,32 @@ def _sequence_count(row: _Row, limits: FanOutLimits) -> int:
     return count
 
 
-def _row_generations(row: _Row, index: int, count: int, text: TextInputs, decoupled: bool,
-                     exclude_input: bool) -> list[Generation]:
-    for name, (off, why) in OFF_ONLY.items():
+def checked_row_flags(row: _Row, off_only: Mapping[str, tuple[Any, str]], no_effect: tuple[str, ...], stream_input: str,
+                      count: int, decoupled: bool, model: str, text: TextInputs) -> bool:
+    """The checks a row of a front or of ``tensorrt_llm`` takes before its prompt is read: ``off_only``
+    inputs off, ``no_effect`` floats finite, streaming and several sequences only where ``model`` is
+    decoupled, ``pad_id`` inside the vocabulary. Returns whether the row streams (``stream_input``)."""
+    for name, (off, why) in off_only.items():
         value = row.value(name, off)
         if value != off:
             raise RequestError(f"{name} {value!r}: only {off!r} is accepted; {why}")
-    length_penalty = row.value("length_penalty", 1.0)
-    if not math.isfinite(length_penalty):
-        raise RequestError(f"length_penalty must be a finite number (it has no effect without beams), "
-                           f"got {length_penalty}")
-    stream = bool(row.value("stream", False))
+    for name in no_effect:
+        value = row.value(name, 0.0)
+        if not math.isfinite(value):
+            raise RequestError(f"{name} must be a finite number (it has no effect without beams), got {value}")
+    stream = bool(row.value(stream_input, False))
     if not decoupled and (stream or count > 1):
-        what = "stream true" if stream else f"num_return_sequences {count}"
-        raise RequestError(f"{what} needs a decoupled front (several responses per request); this one is unary")
+        what = f"{stream_input} true" if stream else f"num_return_sequences {count}"
+        raise RequestError(f"{what} needs a decoupled {model} (several responses per request); this one is unary")
     pad_id = row.value("pad_id")
     if pad_id is not None:
         text.check_ids([pad_id], "pad_id")  # accepted, no effect: responses are never padded
+    return stream
+
+
+def _row_generations(row: _Row, index: int, count: int, text: TextInputs, decoupled: bool,
+                     exclude_input: bool) -> list[Generation]:
+    stream = checked_row_flags(row, OFF_ONLY, ("length_penalty",), "stream", count, decoupled, "front", text)
     prompt_ids = text.prompt_ids(row.array("text_input"), row.value("apply_chat_template"))
     spec = _spec(row, text, len(prompt_ids))
     echo = not stream and not row.value("exclude_input_in_output", exclude_input)

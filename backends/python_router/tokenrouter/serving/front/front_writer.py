@@ -39,6 +39,7 @@ class ClientRequest:
     keys: list[str]  # one per generation: the names the entry knows them by
     wanted: frozenset[str] | None  # the outputs the client asked for (None: all)
     code_in_message: bool = False  # errors read "CODE: message" (error_codes.ERROR_CODES_PARAMETER)
+    request_id: str = ""  # the client's request id (what TensorRT-LLM's stop request names)
     running: int = field(init=False)  # generations not ended yet
     done: bool = False
 
@@ -61,6 +62,12 @@ class _ClientError:
 
 
 @dataclass
+class _Stop:
+    request_id: str
+    caller: Any  # the stop request's sender, answered once the named requests are cancelled
+
+
+@dataclass
 class _EndAll:
     message: str
     code: Any
@@ -78,9 +85,10 @@ class FrontWriter:
         self._thread.start()
 
     def open(self, sender: Any, keys: list[str], wanted: Collection[str] | None,
-             code_in_message: bool = False) -> ClientRequest:
+             code_in_message: bool = False, request_id: str = "") -> ClientRequest:
         """A request whose generations are about to start (queued before any of their output)."""
-        request = ClientRequest(sender, keys, None if wanted is None else frozenset(wanted), code_in_message)
+        request = ClientRequest(sender, keys, None if wanted is None else frozenset(wanted), code_in_message,
+                                request_id)
         self._queue.put(request)
         return request
 
@@ -95,6 +103,11 @@ class FrontWriter:
     def reject(self, sender: Any, message: str, code: Any, code_in_message: bool = False) -> None:
         """Answer a request that never started with an error."""
         self._queue.put(_ClientError(ClientRequest(sender, [], None, code_in_message), message, code))
+
+    def stop(self, request_id: str, caller: Any) -> None:
+        """Cancel the live requests whose client named them ``request_id`` (TensorRT-LLM's stop request:
+        they end as 'cancelled', answered as usual); then answer ``caller`` with an empty final response."""
+        self._queue.put(_Stop(request_id, caller))
 
     def end_all(self, message: str, code: Any, caller: Any) -> None:
         """End every live request with an error saying ``message`` (the launcher's control call: the
@@ -126,9 +139,14 @@ class FrontWriter:
                 self._poll_cancellation()
                 last_poll = time.monotonic()
 
-    def _take(self, item: ClientRequest | _ClientOutput | _ClientError | _EndAll) -> None:
+    def _take(self, item: ClientRequest | _ClientOutput | _ClientError | _Stop | _EndAll) -> None:
         if isinstance(item, ClientRequest):
             self._live.add(item)
+        elif isinstance(item, _Stop):
+            keys = [key for request in self._live if request.request_id == item.request_id for key in request.keys]
+            if keys:
+                self._cancel(keys)
+            self._send(item.caller, self._pb.InferenceResponse(output_tensors=[]), final=True)
         elif isinstance(item, _ClientOutput):
             self._send_output(item)
         elif isinstance(item, _EndAll):

@@ -29,7 +29,7 @@ from ...runtime.admission import ServerBusy
 from ...request_builder import RequestError, build_spec
 from ..peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
                          carries_secret, request_parameters)
-from ..schema import ONE_TOKEN_PER_RESPONSE, PEER_INPUT, SPEC_SCALARS, split_sequences
+from ..schema import NO_END_ID, ONE_TOKEN_PER_RESPONSE, PEER_INPUT, SPEC_SCALARS, split_sequences
 from .peer_sessions import LINK_PARAMETER, LinkRefused, PeerSessions
 from .subserver_writer import SubserverWriter
 from .triton_sink import TritonSink
@@ -126,22 +126,28 @@ class SubserverIntake:
         parameters = request_parameters(request)
         if parameters is None:
             raise RequestError("the request's parameters cannot be read")
-        key = None
-        if REQUEST_KEY_PARAMETER in parameters:  # a front's request, named for cancelling
-            self._refuse_without_secret(parameters, REQUEST_KEY_PARAMETER)
-            key = str(parameters[REQUEST_KEY_PARAMETER])
-            # A front's decoupled BLS call holds one of its stub's parent-side threads (32, python
-            # backend's thread-pool-size) until the first response comes; requests waiting here for
-            # admission would hold them all and starve that front's own sends and cancel calls.
-            # So an empty response goes out at once, from the writer (one thread sends: front_writer.py).
-            self._writer.accept(sender)
+        if REQUEST_KEY_PARAMETER not in parameters:
+            # Only this server's models send prompts here, each named by a key with the secret: a
+            # client's token ids go to tensorrt_llm, which bounds every input as the fronts do.
+            # Refused before any input is read, so that no size of request costs more than this.
+            raise RequestError(f"'{self._subserver.name}' is internal to this server: send token ids to "
+                               f"'tensorrt_llm' (TensorRT-LLM's core model) or text to a front (e.g. 'tokenrouter')")
+        self._refuse_without_secret(parameters, REQUEST_KEY_PARAMETER)
+        key = str(parameters[REQUEST_KEY_PARAMETER])
+        # A front's decoupled BLS call holds one of its stub's parent-side threads (32, python
+        # backend's thread-pool-size) until the first response comes; requests waiting here for
+        # admission would hold them all and starve that front's own sends and cancel calls.
+        # So an empty response goes out at once, from the writer (one thread sends: front_writer.py).
+        self._writer.accept(sender)
         prompt = self._array(request, "input_ids")
         if prompt is None:
             raise RequestError("input_ids is required")
         if prompt.ndim > 1 and prompt.shape[0] != 1:
             raise RequestError(f"one prompt per request, got a batch of {prompt.shape[0]}")
         spec = self._spec(request, int(prompt.size))
-        if not spec.end_ids:
+        if spec.end_ids == [NO_END_ID]:
+            spec.end_ids = []
+        elif not spec.end_ids:
             spec.end_ids = sorted(self._subserver.engine.eos_token_ids)
         _refuse_a_fully_banned_vocabulary(spec.bad_sequences, self._subserver.engine.vocab_size)
         stream = self._scalar(request, "stream", False)

@@ -1,6 +1,12 @@
-"""Triton model `postprocessing`, for clients that call the entry subserver themselves: one chunk of
-its output -> text_output, UTF-8 safe and stateless (detokenize.py), with output_ids,
-output_models, finish_reason and large_model_share as the fronts answer them (entry_chunk.py)."""
+"""Triton model `postprocessing`: TensorRT-LLM's, for pipelines that compose their own (its names,
+dtypes and dims at tensorrtllm_backend c2e65b88): ``TOKENS_BATCH`` [rows, beams, n] with
+``SEQUENCE_LENGTH`` [rows, beams] -> ``OUTPUT``, one string per row and beam, each decoding the first
+``SEQUENCE_LENGTH`` ids of its beam as a front decodes a whole generation (detokenize.py).
+
+A client calls this model directly: its input is bounded by its shape before any id is read (no row
+of a context holds more ids than the context limit; 4M ids were once read for seconds before the
+refusal), and ids outside the vocabulary are refused by name.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import POSTPROCESSING_INPUTS
 from .detokenize import chunk_text
-from .entry_chunk import EntryChunk, chunk_outputs
 from .input_limits import context_limit
 from .tokenizer_stub import RequestError, TokenizerModel, input_array
 
@@ -18,24 +22,28 @@ from .tokenizer_stub import RequestError, TokenizerModel, input_array
 class TritonPythonModel(TokenizerModel):
     def initialize(self, args: dict[str, str]) -> None:
         super().initialize(args)
-        # A client calls this model directly: ids outside the vocabulary answered INTERNAL
-        # (OverflowError), and 10^6 of them took 5 s. No chunk of a context holds more ids than it.
         self.max_ids = context_limit(self.parameters, self.tokenizer_path)
         self.vocab_size = len(self.codec.tokenizer)
 
     def respond(self, request: Any) -> dict[str, np.ndarray]:
-        arrays = {name: input_array(request, name) for name in POSTPROCESSING_INPUTS}
-        missing = [name for name, value in arrays.items() if value is None]
-        if missing:
-            raise RequestError(f"postprocessing needs {', '.join(missing)}")
-        chunk = EntryChunk.of(arrays)
-        for name, ids in (("output_ids", chunk.tokens), ("prefix_ids", chunk.prefix)):
-            self._check_ids(name, ids)
-        return chunk_outputs(chunk, chunk_text(self.codec, chunk.prefix.tolist(), chunk.tokens.tolist(), chunk.final))
-
-    def _check_ids(self, name: str, ids: np.ndarray) -> None:
-        if ids.size > self.max_ids:
-            raise RequestError(f"{name} holds {ids.size} ids; the limit is {self.max_ids} (the context limit)")
-        outside = ids[(ids < 0) | (ids >= self.vocab_size)]
-        if outside.size:
-            raise RequestError(f"{name} holds id {int(outside[0])}, outside the vocabulary [0, {self.vocab_size})")
+        tokens, lengths = input_array(request, "TOKENS_BATCH"), input_array(request, "SEQUENCE_LENGTH")
+        if tokens is None or lengths is None:
+            raise RequestError("postprocessing needs TOKENS_BATCH and SEQUENCE_LENGTH")
+        if tokens.ndim != 3 or tokens.shape[2] > self.max_ids:
+            raise RequestError(f"TOKENS_BATCH must be [rows, beams, n] with n <= {self.max_ids} (the context limit), "
+                               f"got {list(tokens.shape)}")
+        if lengths.shape != tokens.shape[:2]:
+            raise RequestError(f"SEQUENCE_LENGTH must be [rows, beams] = {list(tokens.shape[:2])}, "
+                               f"got {list(lengths.shape)}")
+        texts = []
+        for row, row_lengths in zip(tokens, lengths):
+            for beam, length in zip(row, row_lengths):
+                if not 0 <= length <= beam.size:
+                    raise RequestError(f"SEQUENCE_LENGTH {int(length)} is outside [0, {beam.size}]")
+                ids = beam[:length]
+                outside = ids[(ids < 0) | (ids >= self.vocab_size)]
+                if outside.size:
+                    raise RequestError(f"TOKENS_BATCH holds id {int(outside[0])}, outside the vocabulary "
+                                       f"[0, {self.vocab_size})")
+                texts.append(chunk_text(self.codec, [], ids.tolist(), True).encode("utf-8"))
+        return {"OUTPUT": np.array(texts, dtype=np.object_)}

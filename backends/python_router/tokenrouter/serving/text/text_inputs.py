@@ -17,7 +17,7 @@ import numpy as np
 from ...config import FrontendSpec
 from ...request_builder import RequestError
 from ...text import TextCodec
-from .input_limits import input_byte_cap
+from .input_limits import context_limit, input_byte_cap
 
 
 def generation_eos(tokenizer_path: str) -> list[int]:
@@ -48,6 +48,7 @@ class TextInputs:
         self.vocab_size = len(codec.tokenizer)
         self.default_end_ids = codec.end_ids(generation_eos(tokenizer_path))
         self.max_input_bytes = input_byte_cap(parameters, tokenizer_path)
+        self.max_context = context_limit(parameters, tokenizer_path)  # tokens in the longest context
         self.max_words = int(parameters.get("max_words") or FrontendSpec.model_fields["max_words"].default)
 
     def prompt_ids(self, texts: np.ndarray | None, chat_template: bool | None = None) -> list[int]:
@@ -78,6 +79,8 @@ class TextInputs:
         """The client's end ids, checked against the vocabulary; else the model's (and the chat template's)."""
         if array is None or array.size == 0:
             return list(self.default_end_ids)
+        if array.size > self.max_words:  # before any copy: 10^6 of them took a front 3 s
+            raise RequestError(f"end_id holds {array.size} ids; the limit is {self.max_words} (frontend.max_words)")
         ids = [int(i) for i in array.reshape(-1)]
         self.check_ids(ids, "end_id")
         return ids
@@ -85,12 +88,15 @@ class TextInputs:
     def check_ids(self, ids: Sequence[int], name: str) -> None:
         outside = [i for i in ids if not 0 <= i < self.vocab_size]
         if outside:
-            raise RequestError(f"{name} {outside} outside the vocabulary [0, {self.vocab_size})")
+            raise RequestError(f"{name} {outside[:8]} outside the vocabulary [0, {self.vocab_size})")
 
     def logit_bias(self, words: np.ndarray | None, weights: np.ndarray | None) -> list[tuple[int, float]]:
         """TensorRT-LLM's embedding bias: each word's weight added to the logit of every token of
         the word (a token in several words gets their sum)."""
         texts = self.words(words, "embedding_bias_words")
+        if weights is not None and weights.size > self.max_words:
+            raise RequestError(f"embedding_bias_weights holds {weights.size} weights; the limit is {self.max_words} "
+                               "(frontend.max_words)")
         values = [] if weights is None else [float(w) for w in weights.reshape(-1)]
         if len(texts) != len(values):
             raise RequestError(f"embedding_bias_words has {len(texts)} words and embedding_bias_weights "
