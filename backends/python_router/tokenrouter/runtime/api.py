@@ -146,19 +146,22 @@ class TokenRouter:
                top_p: float = 1.0, top_k: int = 0, seed: int = 0, stop: Sequence[str] = (),
                bad_words: Sequence[str] = (), repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, min_tokens: int = 0, logit_bias: Sequence[tuple[int, float]] = (),
-               return_log_probs: bool = False) -> RequestHandle:
+               return_log_probs: bool = False, stop_token_ids: Sequence[int] = (),
+               ignore_eos: bool = False) -> RequestHandle:
         """Start one request; returns at once. Raises RequestError for bad input and ServerBusy
         when ``scheduling.max_queue`` requests already wait for admission. The sampling keywords
-        are TensorRT-LLM's (docs/engine.md, "Sampling"); their defaults are RequestSpec's, greedy."""
+        are TensorRT-LLM's (docs/engine.md, "Sampling"); their defaults are RequestSpec's, greedy.
+        ``stop_token_ids`` end the request like a one-token stop word; ``ignore_eos`` drops the end ids."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
         prompt_ids = self._encode(prompt)
-        end_ids = self.codec.end_ids(self.engines[self.config.entry].eos_token_ids) if self.codec \
-            else sorted(self.engines[self.config.entry].eos_token_ids)
+        end_ids = [] if ignore_eos else self.codec.end_ids(self.engines[self.config.entry].eos_token_ids) \
+            if self.codec else sorted(self.engines[self.config.entry].eos_token_ids)
         sent = dict(max_tokens=int(max_tokens), temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
                     seed=int(seed), repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                     frequency_penalty=frequency_penalty, min_tokens=min_tokens, return_log_probs=return_log_probs)
-        spec = build_spec(len(prompt_ids), sent, end_ids=end_ids, stop_sequences=self._sequences(stop),
+        stop_sequences = self._sequences(stop) + [[int(t)] for t in stop_token_ids]
+        spec = build_spec(len(prompt_ids), sent, end_ids=end_ids, stop_sequences=stop_sequences,
                           bad_sequences=self._sequences(bad_words), logit_bias=logit_bias)
         handle = RequestHandle(f"req-{next(self._ids)}", self)
         self.entry.submit(handle.rid, prompt_ids, spec, handle)
