@@ -54,6 +54,7 @@ class GenerationChunk:
     models: list[str]
     text: str | None
     finish_reason: str | None = None
+    logprobs: list[float] | None = None  # per token, when the request asked (return_log_probs)
 
 
 class RequestHandle:
@@ -151,17 +152,18 @@ class TokenRouter:
         """Start one request; returns at once. Raises RequestError for bad input and ServerBusy
         when ``scheduling.max_queue`` requests already wait for admission. The sampling keywords
         are TensorRT-LLM's (docs/engine.md, "Sampling"); their defaults are RequestSpec's, greedy.
-        ``stop_token_ids`` end the request like a one-token stop word; ``ignore_eos`` drops the end ids."""
+        ``stop_token_ids`` are more end ids (``min_tokens`` holds them off too, as vLLM's); ``ignore_eos``
+        drops the model's end ids."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
         prompt_ids = self._encode(prompt)
-        end_ids = [] if ignore_eos else self.codec.end_ids(self.engines[self.config.entry].eos_token_ids) \
-            if self.codec else sorted(self.engines[self.config.entry].eos_token_ids)
+        eos = self.engines[self.config.entry].eos_token_ids
+        end_ids = [] if ignore_eos else self.codec.end_ids(eos) if self.codec else sorted(eos)
+        end_ids += [int(t) for t in stop_token_ids if int(t) not in end_ids]
         sent = dict(max_tokens=int(max_tokens), temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
                     seed=int(seed), repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                     frequency_penalty=frequency_penalty, min_tokens=min_tokens, return_log_probs=return_log_probs)
-        stop_sequences = self._sequences(stop) + [[int(t)] for t in stop_token_ids]
-        spec = build_spec(len(prompt_ids), sent, end_ids=end_ids, stop_sequences=stop_sequences,
+        spec = build_spec(len(prompt_ids), sent, end_ids=end_ids, stop_sequences=self._sequences(stop),
                           bad_sequences=self._sequences(bad_words), logit_bias=logit_bias)
         handle = RequestHandle(f"req-{next(self._ids)}", self)
         self.entry.submit(handle.rid, prompt_ids, spec, handle)
@@ -211,12 +213,14 @@ class TokenRouter:
                 await wakeup.wait()
                 wakeup.clear()
                 finished = handle.done
-                tokens, origins = handle.token_ids[:], handle.origins[:]
+                with handle._lock:  # one output's tokens, origins and log probabilities together
+                    tokens, origins, logprobs = handle.token_ids[:], handle.origins[:], handle.logprobs
                 if len(tokens) > sent or finished:
                     text = self.codec.stable_text(tokens, finished) if self.codec else None
                     yield GenerationChunk(tokens[sent:], self._names(origins[sent:]),
                                           None if text is None else text[len(text_sent):],
-                                          handle.finish_reason if finished else None)
+                                          handle.finish_reason if finished else None,
+                                          None if logprobs is None else logprobs[sent:len(tokens)])
                     sent, text_sent = len(tokens), text or ""
                 if finished:
                     if handle.finish_reason == "error":
