@@ -78,7 +78,7 @@ def test_greedy_tokens_equal_the_embedded_api_and_the_last_chunk_carries_the_end
     assert last["completion_usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 12,
                                         "total_tokens": len(PROMPT) + 12}
     models = [m for chunk in chunks for m in chunk["engine_data"]["models"]]
-    assert models == expected.models
+    assert models == expected.models == last["engine_data"]["response_models"]
     assert last["engine_data"]["large_model_share"] == pytest.approx(expected.large_model_share)
 
 

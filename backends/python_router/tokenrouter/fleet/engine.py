@@ -2,8 +2,10 @@
 
 One Dynamo worker is one whole pair: its frontend tokenizes, applies the chat template and stop
 strings and detokenizes; this engine turns each request into a ``TokenRouter.stream`` call, streams
-token chunks back and ends with the finish reason, usage and
-``engine_data`` (the model of every token, ``large_model_share``). A client that goes away reaches
+token chunks back and ends with the finish reason and usage. ``engine_data`` (a client asks for it
+with ``nvext.extra_fields: ["engine_data"]``) has each chunk's ``models`` (one per token) and, on the
+last chunk, ``response_models`` (every token's: the frontend keeps only the last chunk's engine_data
+in a whole response) and ``large_model_share``. A client that goes away reaches
 ``abort``, which cancels the request at the entry, and the entry ends it on every model.
 """
 
@@ -14,14 +16,18 @@ import asyncio
 import logging
 import os
 from collections import Counter
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from dynamo._core import Context
 from dynamo.common.backend import EngineConfig, GenerateChunk, GenerateRequest, LLMEngine, LlmRegistration, WorkerConfig
 from dynamo.common.backend.health_check import build_health_check_payload
+from dynamo.common.backend.metrics import register_engine_registry
 from dynamo.llm.exceptions import InvalidArgument
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from ..config import load_config
 from ..request_builder import RequestError
@@ -81,6 +87,13 @@ class TokenRouterEngine(LLMEngine):
                                                 total_kv_blocks=entry.num_total_blocks,
                                                 max_num_seqs=self.router.config.scheduling.max_active))
 
+    async def register_prometheus(self, metrics: Any) -> None:
+        """Each model's KV blocks and held requests on the worker's /metrics (DYN_SYSTEM_PORT), read at
+        scrape time: what an operator (and the fleet's tests) look at to see a replica's load and leaks."""
+        registry = CollectorRegistry()
+        registry.register(_PairCollector(lambda: self.router))
+        register_engine_registry(metrics, registry, prefix_filters=["tokenrouter_"])
+
     async def health_check_payload(self) -> dict[str, Any] | None:
         # One token of the vocabulary, one output token: a probe that runs every model's loop it reaches.
         return build_health_check_payload(bos_token_id=0)
@@ -108,18 +121,20 @@ class TokenRouterEngine(LLMEngine):
         """The request's chunks into ``queue``, then None (or the error that ended it)."""
         names = self.router.config.model_names
         origins: Counter[int] = Counter()
+        models: list[str] = []
 
         def last(finish_reason: str) -> GenerateChunk:
             generated, prompt = sum(origins.values()), len(mapped.prompt)
             return {"token_ids": [], "index": 0, "finish_reason": finish_reason,
                     "completion_usage": {"prompt_tokens": prompt, "completion_tokens": generated,
                                          "total_tokens": prompt + generated},
-                    "engine_data": {"models": [], "large_model_share": large_model_share(
-                        origins, names.index(self.router.config.entry))}}
+                    "engine_data": {"models": [], "response_models": models, "large_model_share":
+                                    large_model_share(origins, names.index(self.router.config.entry))}}
 
         try:
             async for chunk in self.router.stream(mapped.prompt, **mapped.keywords):
                 origins.update(names.index(model) for model in chunk.models)
+                models.extend(chunk.models)
                 out: GenerateChunk = {"token_ids": chunk.token_ids, "index": 0,
                                       "engine_data": {"models": chunk.models}}
                 if chunk.logprobs is not None:
@@ -127,7 +142,8 @@ class TokenRouterEngine(LLMEngine):
                 if chunk.finish_reason is not None:
                     ending = last(chunk.finish_reason)
                     out.update(finish_reason=ending["finish_reason"], completion_usage=ending["completion_usage"])
-                    out["engine_data"]["large_model_share"] = ending["engine_data"]["large_model_share"]
+                    out["engine_data"].update(large_model_share=ending["engine_data"]["large_model_share"],
+                                              response_models=models)
                 await queue.put(out)
             await queue.put(None)
         except asyncio.CancelledError:  # abort: the stream's cleanup has cancelled the request
@@ -149,3 +165,21 @@ class TokenRouterEngine(LLMEngine):
         if self.router is not None:
             router, self.router = self.router, None
             await asyncio.to_thread(router.shutdown)
+
+
+class _PairCollector(Collector):
+    def __init__(self, router: Callable[[], TokenRouter | None]) -> None:
+        self._router = router
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        router = self._router()
+        kv = GaugeMetricFamily("tokenrouter_kv_blocks_used", "KV blocks in use, per model", labels=["model"])
+        held = GaugeMetricFamily("tokenrouter_requests_held", "requests a model holds (running or pending)",
+                                 labels=["model"])
+        if router is not None:
+            for model, blocks in router.kv_blocks_used().items():
+                kv.add_metric([model], blocks)
+            for model, count in router.held_requests().items():
+                held.add_metric([model], count)
+        yield kv
+        yield held

@@ -25,6 +25,7 @@ import yaml
 
 ROUTER_MODES = ("round-robin", "random", "power-of-two", "least-loaded", "kv")
 WATCH_PERIOD_S = 0.5
+MAX_STATUS_PORT = 32767
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 15.0)  # a crash loop does not spin the CPU
 
 
@@ -46,6 +47,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", help="discovery folder and logs (default: a new temporary folder)")
     parser.add_argument("--no-frontend", action="store_true", help="workers only (a worker host of a fleet)")
     parser.add_argument("--no-workers", action="store_true", help="the frontend only (the entry host of a fleet)")
+    parser.add_argument("--gpus-per-replica", type=int, default=0, metavar="K",
+                        help="worker i sees GPUs i*K .. i*K+K-1 (CUDA_VISIBLE_DEVICES); default 0: unchanged")
+    parser.add_argument("--worker-status-port", type=int, default=-1, metavar="PORT",
+                        help="worker i serves its /health and /metrics (KV blocks per model) on PORT + i "
+                             "(default -1: off)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds each process gets to finish its requests on SIGTERM (default 30)")
 
@@ -67,6 +73,15 @@ def fleet_environment(discovery: str, run_dir: Path) -> dict[str, str]:
     return env
 
 
+def worker_environment(index: int, status_port: int, gpus_per_replica: int) -> dict[str, str]:
+    """Worker ``index``'s own settings: its status port, its GPUs."""
+    env = {} if status_port < 0 else {"DYN_SYSTEM_PORT": str(status_port + index)}
+    if gpus_per_replica > 0:
+        first = index * gpus_per_replica
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + k) for k in range(gpus_per_replica))
+    return env
+
+
 def frontend_command(args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "dynamo.frontend", "--http-host", args.host, "--http-port", str(args.http_port),
             "--router-mode", args.router_mode, "--migration-limit", str(args.migration_limit),
@@ -83,12 +98,13 @@ class Process:
     name: str
     command: list[str]
     log: Path
+    env: dict[str, str] = field(default_factory=dict)  # this process's own settings
     popen: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
 
     def start(self, env: dict[str, str]) -> None:
         with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen(self.command, env=env, stdout=out, stderr=subprocess.STDOUT,
+            self.popen = subprocess.Popen(self.command, env={**env, **self.env}, stdout=out, stderr=subprocess.STDOUT,
                                           start_new_session=True)  # a terminal's Ctrl-C reaches us only
 
     @property
@@ -138,12 +154,16 @@ def _raise_stop(signum: int, _frame: object) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.replicas < 1 and not args.no_workers:
         raise SystemExit("--replicas must be >= 1")
+    if args.worker_status_port + args.replicas - 1 > MAX_STATUS_PORT:
+        raise SystemExit(f"--worker-status-port: Dynamo 1.6.1 reads DYN_SYSTEM_PORT as a signed 16-bit number; "
+                         f"the last worker's port must be <= {MAX_STATUS_PORT}")
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="tokenrouter-fleet-")).resolve()
     (run_dir / "home").mkdir(parents=True, exist_ok=True)
     env = fleet_environment(args.discovery, run_dir)
     config = resolve_config(args, run_dir)
     workers = [] if args.no_workers else [
-        Process(f"worker {i}", worker_command(config, args.served_model_name), run_dir / f"worker-{i}.log")
+        Process(f"worker {i}", worker_command(config, args.served_model_name), run_dir / f"worker-{i}.log",
+                env=worker_environment(i, args.worker_status_port, args.gpus_per_replica))
         for i in range(args.replicas)]
     frontend = None if args.no_frontend else Process("frontend", frontend_command(args), run_dir / "frontend.log")
     signal.signal(signal.SIGTERM, _raise_stop)
