@@ -7,10 +7,8 @@ stop the fleet, so the file runs in order."""
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +20,7 @@ import openai
 import pytest
 
 from tokenrouter import TokenRouter
-from tokenrouter.fleet.launcher import MAX_STATUS_PORT, tiny_config
+from tokenrouter.fleet.launcher import free_port_run, tiny_config
 from tokenrouter.launch.openai_process import free_port
 from tests.e2e.test_serve import _children
 
@@ -70,24 +68,10 @@ class Fleet:
             return False
 
 
-def _status_ports() -> int:
-    """A free base port whose next port is free too (worker i serves status on base + i), at most
-    MAX_STATUS_PORT - 1 (Dynamo reads the port as a signed 16-bit number)."""
-    for base in random.Random().sample(range(20000, MAX_STATUS_PORT - REPLICAS), 200):
-        try:
-            with socket.socket() as first, socket.socket() as second:
-                first.bind(("127.0.0.1", base))
-                second.bind(("127.0.0.1", base + 1))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no two adjacent free ports")
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     run_dir = tmp_path_factory.mktemp("fleet")
-    http_port, status_base = free_port(), _status_ports()
+    http_port, status_base = free_port(), free_port_run(REPLICAS)
     command = [sys.executable, "-m", "tokenrouter.launch.cli", "fleet", "--tiny", "--replicas", str(REPLICAS),
                "--migration-limit", "2", "--http-port", str(http_port), "--worker-status-port", str(status_base),
                "--run-dir", str(run_dir), "--drain-timeout", "20"]
@@ -146,12 +130,14 @@ def test_seed_makes_sampling_repeatable(fleet):
 
 
 def test_stop_string_cuts_the_text(fleet):
-    free = fleet.client.completions.create(model="tokenrouter", prompt="def add(a, b):", max_tokens=16,
-                                           extra_body={"ignore_eos": True}).choices[0].text
-    stop = free[5:7]
+    # the frontend matches stop strings itself (the engine never sees them); a whole token's text here
+    free = fleet.client.completions.create(model="tokenrouter", prompt="def add(a, b):", max_tokens=16, logprobs=0,
+                                           extra_body={"ignore_eos": True}).choices[0]
+    tokens = free.logprobs.tokens
+    stop = next(t for t in tokens[3:] if t.strip() and tokens.index(t) >= 3)
     cut = fleet.client.completions.create(model="tokenrouter", prompt="def add(a, b):", max_tokens=16, stop=[stop],
                                           extra_body={"ignore_eos": True}).choices[0]
-    assert cut.text == free[:free.index(stop)] and cut.finish_reason == "stop"
+    assert cut.text == free.text[:free.text.index(stop)] and cut.finish_reason == "stop"
 
 
 def test_logprobs_one_per_token(fleet):
