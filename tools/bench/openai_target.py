@@ -65,7 +65,7 @@ class OpenAITarget:
                 counted = usage["completion_tokens"]
             for choice in chunk["choices"]:
                 text.append(choice["text"])
-                reason = choice["finish_reason"] or reason
+                reason = choice.get("finish_reason") or reason  # Dynamo leaves out a null one
                 share = choice.get("large_model_share", share)
             # Dynamo's frontend: the engine's last chunk's engine_data
             share = chunk.get("nvext", {}).get("engine_data", {}).get("large_model_share", share)
