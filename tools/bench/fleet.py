@@ -127,7 +127,8 @@ def run_replicas(config: TokenRouterConfig, per_replica: int, workload: Workload
 
 
 def markdown(result: dict[str, Any]) -> str:
-    rows = [[name, m["clients"], m["throughput"], ", ".join(fmt(r["throughput"]) for r in result["runs"][name]),
+    rows = [[name, result["per_replica_clients"] * int(name.split()[0]), m["throughput"],
+             ", ".join(fmt(r["throughput"]) for r in result["runs"][name]),
              m["throughput"] / int(name.split()[0]), result["scaling"][name]["median"],
              ", ".join(fmt(x) for x in result["scaling"][name]["per_rep"]), ms(m["ttft_median_s"])]
             for name, m in result["medians"].items()]
