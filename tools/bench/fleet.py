@@ -26,11 +26,10 @@ from tokenrouter.procfs import proc_stat
 
 from .compare import side_by_side
 from .cpu import group_cpu_by_process
-from .loadgen import run_closed_loop
 from .openai_target import OpenAITarget
 from .records import summarize
 from .report import fmt, ms, table
-from .runner import Timing, median_row
+from .runner import Timing, closed_loop, median_row
 from .workloads import TextPrompts, Workload
 
 ENGINE_DATA = {"nvext": {"extra_fields": ["engine_data"]}}
@@ -101,12 +100,8 @@ def run_replicas(config: TokenRouterConfig, per_replica: int, workload: Workload
             def run(name: str, rep: int) -> dict[str, Any]:
                 fleet = fleets[name]
                 clients = per_replica * fleet.replicas
-                target = fleet.target(large)
-                try:
-                    result = run_closed_loop(target, workload, TextPrompts(), clients=clients, seed=seed + rep,
-                                             warmup_s=timing.warmup_s, measure_s=timing.measure_s)
-                finally:
-                    target.close()
+                result = closed_loop(fleet.target(large), workload, TextPrompts(), clients=clients, timing=timing,
+                                     seed=seed + rep)
                 row = summarize(result.records, result.window, clients, large=large, steps=result.spans).as_dict()
                 row["per_replica"] = row["throughput"] / fleet.replicas
                 return row

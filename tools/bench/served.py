@@ -33,10 +33,9 @@ from . import prometheus
 from .compare import side_by_side
 from .cpu import group_cpu_by_process, own_cpu_seconds
 from .fleet import FRONTEND, Fleet
-from .loadgen import run_closed_loop
 from .records import summarize
 from .report import fmt, ms, pct, table, verdict
-from .runner import Timing, median_of, median_row
+from .runner import Timing, closed_loop, median_of, median_row
 from .targets import STEP_LOG, EmbeddedTarget, Target
 from .openai_target import OpenAITarget
 from .placed import LoopbackNodes, free_ports, on_loopback
@@ -188,12 +187,7 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
         served = system != "embedded"
         before = scrape(system) if served else {}
         cpu_before = cpu_seconds(system)
-        measured = target(system)
-        try:
-            result = run_closed_loop(measured, workload, TextPrompts(), clients=clients, seed=seed + rep,
-                                     warmup_s=timing.warmup_s, measure_s=timing.measure_s)
-        finally:
-            measured.close()
+        result = closed_loop(target(system), workload, TextPrompts(), clients=clients, timing=timing, seed=seed + rep)
         row = summarize(result.records, result.window, clients, large=large, steps=result.spans).as_dict()
         # over the whole run (warm-up included), per output token; the OpenAI server counts only where it works
         tokens = max(1, sum(r.output_tokens for r in result.records))
