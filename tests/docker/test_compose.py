@@ -40,7 +40,7 @@ def dockerfile() -> str:
 def test_each_service_belongs_to_one_profile(compose: dict) -> None:
     assert {name: service["profiles"] for name, service in compose["services"].items()} == {
         "download": ["download"], "tokenrouter-gpu": ["gpu"], "tokenrouter-cpu": ["cpu"],
-        "tokenrouter-slm": ["two-nodes"], "tokenrouter-llm": ["two-nodes"]}
+        "tokenrouter-slm": ["two-nodes"], "tokenrouter-llm": ["two-nodes"], "tokenrouter-fleet": ["fleet"]}
 
 
 def test_gpu_server_reserves_the_gpus_and_serves_a_gpu_config(compose: dict) -> None:
@@ -161,15 +161,17 @@ def test_dockerfile_keeps_the_image_and_installs_through_the_constraints(dockerf
     assert re.search(r"^ARG BASE_IMAGE=nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-vllm-python-py3$", dockerfile, re.M)
     runs = [line for line in dockerfile.splitlines() if "pip install" in line or "install_project" in line]
     assert any("bash docker/install_project.sh -e /opt/tokenrouter" in line for line in runs)
-    # the only other pip install is BASE_PACKAGES (the CPU stack, or a pinned vLLM on the plain image),
-    # before the image is frozen
+    # the only other pip installs are BASE_PACKAGES (the CPU stack, or a pinned vLLM on the plain image)
+    # and NO_DEPS_PACKAGES (Dynamo, for the fleet image), before the image is frozen
     others = [line for line in runs if "install_project" not in line]
-    assert len(others) == 1
+    assert len(others) == 2
     assert '${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"} ${BASE_PACKAGES}' in others[0]
+    assert "pip install --no-cache-dir --no-deps ${NO_DEPS_PACKAGES}" in others[1]
     assert dockerfile.index("${BASE_PACKAGES}") < dockerfile.index("bash docker/install_project.sh")
+    assert dockerfile.index("${NO_DEPS_PACKAGES}") < dockerfile.index("bash docker/install_project.sh")
     # the default (GPU) build adds and removes nothing: the vLLM image's torchvision, which its vLLM
     # declares, stays; only a build that names REMOVE_PACKAGES (the CPU one) uninstalls anything
-    for arg in ("TORCH_INDEX_URL", "BASE_PACKAGES", "REMOVE_PACKAGES"):
+    for arg in ("TORCH_INDEX_URL", "BASE_PACKAGES", "REMOVE_PACKAGES", "NO_DEPS_PACKAGES"):
         assert f'ARG {arg}=""' in dockerfile
     uninstalls = [line for line in dockerfile.splitlines() if "pip uninstall" in line]
     assert len(uninstalls) == 1 and uninstalls[0].strip().endswith("pip uninstall --yes ${REMOVE_PACKAGES}; fi")

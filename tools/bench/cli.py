@@ -6,6 +6,8 @@
     tokenrouter bench served [--config configs/tiny.yaml] [--clients 8 ...]  Triton gRPC vs embedded
     tokenrouter bench served --systems served openai                   the OpenAI server vs gRPC
     tokenrouter bench served --systems served two-servers [--peer-delays-ms 0.5 2]  one model per server (27)
+    tokenrouter bench served --config configs/sim-a100.yaml --clients 64 --systems served dynamo  Dynamo's hop
+    tokenrouter bench fleet [--per-replica 32] [--replicas 1 2 4]      replicas behind Dynamo: throughput per replica
     tokenrouter bench against REF [--rounds 3] [--served "OPTIONS"]   this tree vs commit REF, served suite
 """
 
@@ -16,8 +18,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable
 
-from . import against, compare, served, sweep, validate
-from .plots import plot_compare, plot_served, plot_sweep, plot_validate
+from . import against, compare, fleet, served, sweep, validate
+from .plots import plot_compare, plot_fleet, plot_served, plot_sweep, plot_validate
 from .report import machine, write_json
 from .runner import Timing
 from .setups import PAIR_SETUPS, make_setup
@@ -25,6 +27,7 @@ from .systems import SYSTEMS, SystemFactory
 from .workloads import KINDS as WORKLOADS
 
 RESULTS = Path("results")
+SIM_A100 = Path(__file__).resolve().parents[2] / "configs" / "sim-a100.yaml"
 # (warm-up, measurement window) seconds per pair setup: short by default, --measure-s for more
 DEFAULT_TIMING = {"sim": (1.0, 4.0), "tiny": (2.0, 6.0), "real": (20.0, 60.0)}
 DEFAULT_COMPARE = {"sim": list(SYSTEMS), "tiny": list(SYSTEMS), "real": ["llm_only", "slm_only", "tokenrouter"]}
@@ -61,10 +64,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--systems", nargs="+", choices=served.SYSTEMS, default=list(served.DEFAULT_SYSTEMS),
                    metavar="SYSTEM", help="of embedded (the Python API), served (Triton gRPC), openai (the OpenAI "
                                           "server beside Triton), two-servers (one model per Triton server on "
-                                          "loopback); default: embedded served")
+                                          "loopback), dynamo (one replica behind NVIDIA Dynamo's frontend); "
+                                          "default: embedded served")
     p.add_argument("--peer-delays-ms", type=float, nargs="+", default=[0.0], metavar="MS",
                    help="two-servers: one deployment per delay added to every peer message (transport.delay_ms), "
                         "each compared with the one without (default: 0 only)")
+    _common(p, reps=3, pair=False)
+
+    p = suites.add_parser("fleet", help="replicas of the pair behind NVIDIA Dynamo: throughput per replica")
+    p.add_argument("--config", type=Path, default=SIM_A100, help="YAML config (default configs/sim-a100.yaml)")
+    p.add_argument("--replicas", type=int, nargs="+", default=list(fleet.REPLICA_COUNTS),
+                   help="fleet sizes, all up at once, runs alternated (default 1 2 4; the first is the reference)")
+    p.add_argument("--per-replica", type=int, default=32, help="closed-loop clients per replica (default 32)")
     _common(p, reps=3, pair=False)
 
     p = suites.add_parser("against", help="this tree vs a baseline commit: the served suite, runs alternated")
@@ -140,12 +151,25 @@ def _served(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callabl
     return result, served.markdown, plot_served, "tiny" if args.config is None else Path(args.config).stem
 
 
+def _fleet(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:
+    from tokenrouter.config import load_config
+
+    from .setups import tiny_setup
+
+    setup = tiny_setup()  # the text workload sizes of the served suite
+    result = fleet.run_replicas(load_config(args.config), args.per_replica,
+                                setup.with_workload("short-long", args.max_tokens), _timing(args, "tiny"),
+                                reps=args.reps, seed=args.seed, counts=args.replicas)
+    return result, fleet.markdown, plot_fleet, Path(args.config).stem
+
+
 def _against(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, None, str]:
     result = against.run_against(args.ref, shlex.split(args.served), args.rounds)
     return result, against.markdown, None, args.ref.replace("/", "-")
 
 
-SUITES = {"validate": _validate, "compare": _compare, "sweep": _sweep, "served": _served, "against": _against}
+SUITES = {"validate": _validate, "compare": _compare, "sweep": _sweep, "served": _served, "fleet": _fleet,
+          "against": _against}
 
 
 def run(args: argparse.Namespace) -> int:

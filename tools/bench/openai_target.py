@@ -25,7 +25,10 @@ RESPONSE_TIMEOUT_S = 600.0
 
 
 class OpenAITarget:
-    def __init__(self, url: str, large: str, model: str = client.DEFAULT_MODEL, entry: str = "entry") -> None:
+    def __init__(self, url: str, large: str, model: str = client.DEFAULT_MODEL, entry: str = "entry",
+                 extra_body: dict | None = None) -> None:
+        """``extra_body``: more request fields (NVIDIA Dynamo's frontend: ``nvext``, for engine_data)."""
+        self.extra_body = extra_body or {}
         parts = urlsplit(url)
         self.host, self.port, self.large, self.model, self.entry = parts.hostname, parts.port, large, model, entry
         self._connections = PerThread(lambda: http.client.HTTPConnection(self.host, self.port,
@@ -36,7 +39,8 @@ class OpenAITarget:
             raise TypeError("the OpenAI server takes text prompts")
         body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "seed": seed,
                            "temperature": 0, "stream": True,
-                           "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+                           "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                           **self.extra_body})
         record = RequestRecord()
         connection = self._connections.get()
         connection.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
@@ -61,8 +65,10 @@ class OpenAITarget:
                 counted = usage["completion_tokens"]
             for choice in chunk["choices"]:
                 text.append(choice["text"])
-                reason = choice["finish_reason"] or reason
+                reason = choice.get("finish_reason") or reason  # Dynamo leaves out a null one
                 share = choice.get("large_model_share", share)
+            # Dynamo's frontend: the engine's last chunk's engine_data
+            share = chunk.get("nvext", {}).get("engine_data", {}).get("large_model_share", share)
         reply.read()  # to its end: the connection is reused
         large = round(share * counted)
         record.tokens_by_model.update({self.large: large, self.entry: counted - large})

@@ -90,7 +90,7 @@ def plot_served(result: dict[str, Any], path: Path) -> Path:
     points = result["points"]
     xs = [p["clients"] for p in points]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    for system, style in (("embedded", "o-"), ("served", "s-"), ("openai", "^-")):
+    for system, style in (("embedded", "o-"), ("served", "s-"), ("openai", "^-"), ("dynamo", "v-")):
         if system not in result.get("systems", ("embedded", "served")):
             continue
         medians = [p["medians"][system] for p in points]
@@ -112,4 +112,25 @@ def plot_served(result: dict[str, Any], path: Path) -> Path:
         ax.legend(fontsize=8)
     fig.suptitle(f"{' vs '.join(result.get('systems', ('embedded', 'served')))}, median of {result['reps']}",
                  fontsize=10)
+    return _save(fig, path)
+
+
+def plot_fleet(result: dict[str, Any], path: Path) -> Path:
+    """Replicas behind Dynamo: throughput and throughput per replica against the replica count."""
+    names = list(result["medians"])
+    counts = [int(name.split()[0]) for name in names]
+    medians = [result["medians"][name] for name in names]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    axes[0].plot(counts, [m["throughput"] for m in medians], "o-", label="measured")
+    axes[0].plot(counts, [medians[0]["throughput"] * c / counts[0] for c in counts], ":", color="grey",
+                 label="linear")
+    axes[1].plot(counts, [result["scaling"][name]["median"] for name in names], "o-", label="measured")
+    axes[1].axhline(result["target"], color="grey", linestyle=":", label=f"target {result['target']}")
+    for ax, label in zip(axes, ("tokens/s", "per replica / one replica's")):
+        ax.set_xticks(counts, [str(c) for c in counts])
+        ax.set_xlabel(f"replicas ({result['per_replica_clients']} clients each)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"replicas of the pair behind NVIDIA Dynamo, median of {result['reps']}", fontsize=10)
     return _save(fig, path)

@@ -6,12 +6,13 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .loadgen import run_closed_loop
+from .loadgen import LoadResult, run_closed_loop
 from .records import summarize
 from .setups import LARGE
 from .stdserving import StdServingTarget
 from .systems import SystemFactory, is_lockstep
-from .workloads import Workload
+from .targets import Target
+from .workloads import PromptSource, Workload
 
 SUMMARY_KEYS = ("throughput", "ttft_median_s", "latency_median_s", "per_user_median_tok_s", "large_share")
 
@@ -22,15 +23,22 @@ class Timing:
     measure_s: float
 
 
+def closed_loop(target: Target, workload: Workload, source: PromptSource, *, clients: int, timing: Timing,
+                seed: int = 0, lockstep: bool = False) -> LoadResult:
+    """One closed-loop run on ``target``, closed after it."""
+    try:
+        return run_closed_loop(target, workload, source, clients=clients, warmup_s=timing.warmup_s,
+                               measure_s=timing.measure_s, seed=seed, lockstep=lockstep)
+    finally:
+        target.close()
+
+
 def measure(factory: SystemFactory, system: str, clients: int, workload: Workload, timing: Timing, *,
             seed: int = 0, thresholds: list[list[int]] | None = None) -> dict[str, Any]:
     """The summary of one run as a flat dict (plus what the system itself counted)."""
     target = factory.open(system, clients, thresholds)
-    try:
-        result = run_closed_loop(target, workload, factory.setup.source(), clients=clients, warmup_s=timing.warmup_s,
-                                 measure_s=timing.measure_s, seed=seed, lockstep=is_lockstep(system))
-    finally:
-        target.close()
+    result = closed_loop(target, workload, factory.setup.source(), clients=clients, timing=timing, seed=seed,
+                         lockstep=is_lockstep(system))
     summary = summarize(result.records, result.window, clients, large=LARGE, steps=result.spans)
     row: dict[str, Any] = {"system": system, "workload": workload.kind, **summary.as_dict()}
     if isinstance(target, StdServingTarget):

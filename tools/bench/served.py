@@ -32,17 +32,18 @@ from tokenrouter.text import TextCodec
 from . import prometheus
 from .compare import side_by_side
 from .cpu import group_cpu_by_process, own_cpu_seconds
-from .loadgen import run_closed_loop
+from .fleet import FRONTEND, Fleet
 from .records import summarize
 from .report import fmt, ms, pct, table, verdict
-from .runner import Timing, median_of, median_row
+from .runner import Timing, closed_loop, median_of, median_row
 from .targets import STEP_LOG, EmbeddedTarget, Target
 from .openai_target import OpenAITarget
 from .placed import LoopbackNodes, free_ports, on_loopback
 from .triton_target import TritonTarget
 from .workloads import TextPrompts, Workload
 
-SYSTEMS = ("embedded", "served", "openai", "two-servers")
+SYSTEMS = ("embedded", "served", "openai", "two-servers", "dynamo")
+DYNAMO = "dynamo"  # one replica of the pair behind NVIDIA Dynamo's frontend (tokenrouter fleet)
 DEFAULT_SYSTEMS = ("embedded", "served")
 TWO_SERVERS = "two-servers"
 PEER_HISTOGRAM = "tokenrouter_peer_send_seconds"
@@ -79,6 +80,8 @@ COMPARISONS = (
     Comparison("served", "embedded", throughput=0.9, ttft=2.0, cpu_ms=0.5),
     Comparison("openai", "served", throughput=0.95, ttft=1.2, cpu_ms=0.1, added_by=f"server: {OPENAI_SERVER}"),  # 26
     Comparison(TWO_SERVERS, "served", throughput=0.95, ttft=1.2, cpu_ms=None),  # 27
+    # the added hop: Dynamo's frontend (its worker runs the pair, as Triton does for `served`)
+    Comparison(DYNAMO, "served", throughput=0.95, ttft=1.2, cpu_ms=None, added_by=f"fleet: {FRONTEND}"),
 )
 
 
@@ -113,10 +116,13 @@ def run_served(config: TokenRouterConfig, clients: Sequence[int], workload: Work
                               exit_timeout_s=5)
         api = OpenAIServer(repository, server.grpc_url, port=free_port(), log_sink=sink, drain_timeout_s=5)
         placed: dict[str, LoopbackNodes] = {}
+        fleet = Fleet(config, 1, Path(tmp) / DYNAMO) if DYNAMO in systems else None
         if TWO_SERVERS in systems:
             systems = [s for s in systems if s != TWO_SERVERS] + [two_servers(d) for d in peer_delays_ms]
         try:
             server = server.start_ready(600)
+            if fleet is not None:
+                fleet.start()
             if "openai" in systems:
                 api.triton_url = server.grpc_url
                 api.start().wait_ready(300)
@@ -125,9 +131,11 @@ def run_served(config: TokenRouterConfig, clients: Sequence[int], workload: Work
                 placed[two_servers(delay)] = LoopbackNodes(
                     on_loopback(config, ports, delay), ports, Path(tmp) / two_servers(delay), install, backend_dir,
                     sink).start_all()
-            points = [_compare_at(n, config, engines, codec, server, api, placed, workload, timing, reps, seed,
-                                  systems) for n in clients]
+            points = [_compare_at(n, config, engines, codec, server, api, placed, fleet, workload, timing, reps,
+                                  seed, systems) for n in clients]
         finally:
+            if fleet is not None:
+                fleet.stop()
             for nodes in placed.values():
                 nodes.stop()
             api.stop(grace_s=5)
@@ -141,8 +149,8 @@ def run_served(config: TokenRouterConfig, clients: Sequence[int], workload: Work
 
 
 def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engine], codec: TextCodec,
-                server: TritonServer, api: OpenAIServer, placed: dict[str, LoopbackNodes], workload: Workload,
-                timing: Timing, reps: int, seed: int, systems: Sequence[str]) -> dict[str, Any]:
+                server: TritonServer, api: OpenAIServer, placed: dict[str, LoopbackNodes], fleet: Fleet | None,
+                workload: Workload, timing: Timing, reps: int, seed: int, systems: Sequence[str]) -> dict[str, Any]:
     large = next(name for name in config.model_names if name != config.entry)
 
     def servers(system: str) -> dict[str, TritonServer]:
@@ -153,6 +161,8 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
     def cpu_seconds(system: str) -> dict[str, float]:
         """this process (the clients, and the runtime when embedded) and each process of the system's servers"""
         seconds = {"this process": own_cpu_seconds()}
+        if system == DYNAMO:
+            return {**seconds, **{f"fleet: {name}": s for name, s in fleet.cpu_seconds().items()}}
         for where, triton in servers(system).items():
             seconds.update({f"{where}: {name}": s for name, s in group_cpu_by_process(triton.process.pid).items()})
         if api.alive() and system not in placed:
@@ -160,26 +170,24 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
         return seconds
 
     def scrape(system: str) -> dict[str, prometheus.Samples]:
-        return {where: prometheus.scrape(f"127.0.0.1:{triton.ports.metrics}")
-                for where, triton in servers(system).items()}
+        """Triton's metrics of the system's servers (none for Dynamo's fleet)"""
+        return {} if system == DYNAMO else {where: prometheus.scrape(f"127.0.0.1:{triton.ports.metrics}")
+                                            for where, triton in servers(system).items()}
 
     def target(system: str) -> Target:
         if system == "embedded":
             return EmbeddedTarget(TokenRouter(config, engines=engines, codec=codec, step_log=STEP_LOG), large)
         if system in placed:
             return TritonTarget(placed[system].entry.grpc_url, large)
+        if system == DYNAMO:
+            return fleet.target(large)
         return TritonTarget(server.grpc_url, large) if system == "served" else OpenAITarget(api.url, large)
 
     def run(system: str, rep: int) -> dict[str, Any]:
         served = system != "embedded"
         before = scrape(system) if served else {}
         cpu_before = cpu_seconds(system)
-        measured = target(system)
-        try:
-            result = run_closed_loop(measured, workload, TextPrompts(), clients=clients, seed=seed + rep,
-                                     warmup_s=timing.warmup_s, measure_s=timing.measure_s)
-        finally:
-            measured.close()
+        result = closed_loop(target(system), workload, TextPrompts(), clients=clients, timing=timing, seed=seed + rep)
         row = summarize(result.records, result.window, clients, large=large, steps=result.spans).as_dict()
         # over the whole run (warm-up included), per output token; the OpenAI server counts only where it works
         tokens = max(1, sum(r.output_tokens for r in result.records))

@@ -10,6 +10,7 @@ import sys
 # name -> (module, one-line help). Each module defines configure(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("tokenrouter.launch.serve", "run Triton with the TokenRouter model repository"),
+    "fleet": ("tokenrouter.fleet.launcher", "replicas of the pair behind NVIDIA Dynamo's OpenAI frontend"),
     "build-repository": ("tokenrouter.launch.build_repository", "render a model repository from a YAML config"),
     "models": ("tokenrouter_engines.models", "install the real model pair or make tiny test pairs"),
     "throughput": ("tokenrouter_tools.throughput_cli", "predict throughput and the best batch thresholds"),

@@ -54,6 +54,7 @@ class GenerationChunk:
     models: list[str]
     text: str | None
     finish_reason: str | None = None
+    logprobs: list[float] | None = None  # per token, when the request asked (return_log_probs)
 
 
 class RequestHandle:
@@ -146,15 +147,19 @@ class TokenRouter:
                top_p: float = 1.0, top_k: int = 0, seed: int = 0, stop: Sequence[str] = (),
                bad_words: Sequence[str] = (), repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, min_tokens: int = 0, logit_bias: Sequence[tuple[int, float]] = (),
-               return_log_probs: bool = False) -> RequestHandle:
+               return_log_probs: bool = False, stop_token_ids: Sequence[int] = (),
+               ignore_eos: bool = False) -> RequestHandle:
         """Start one request; returns at once. Raises RequestError for bad input and ServerBusy
         when ``scheduling.max_queue`` requests already wait for admission. The sampling keywords
-        are TensorRT-LLM's (docs/engine.md, "Sampling"); their defaults are RequestSpec's, greedy."""
+        are TensorRT-LLM's (docs/engine.md, "Sampling"); their defaults are RequestSpec's, greedy.
+        ``stop_token_ids`` are more end ids (``min_tokens`` holds them off too, as vLLM's); ``ignore_eos``
+        drops the model's end ids."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
         prompt_ids = self._encode(prompt)
-        end_ids = self.codec.end_ids(self.engines[self.config.entry].eos_token_ids) if self.codec \
-            else sorted(self.engines[self.config.entry].eos_token_ids)
+        eos = self.engines[self.config.entry].eos_token_ids
+        end_ids = [] if ignore_eos else self.codec.end_ids(eos) if self.codec else sorted(eos)
+        end_ids += [int(t) for t in stop_token_ids if int(t) not in end_ids]
         sent = dict(max_tokens=int(max_tokens), temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
                     seed=int(seed), repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                     frequency_penalty=frequency_penalty, min_tokens=min_tokens, return_log_probs=return_log_probs)
@@ -208,12 +213,14 @@ class TokenRouter:
                 await wakeup.wait()
                 wakeup.clear()
                 finished = handle.done
-                tokens, origins = handle.token_ids[:], handle.origins[:]
+                with handle._lock:  # one output's tokens, origins and log probabilities together
+                    tokens, origins, logprobs = handle.token_ids[:], handle.origins[:], handle.logprobs
                 if len(tokens) > sent or finished:
                     text = self.codec.stable_text(tokens, finished) if self.codec else None
                     yield GenerationChunk(tokens[sent:], self._names(origins[sent:]),
                                           None if text is None else text[len(text_sent):],
-                                          handle.finish_reason if finished else None)
+                                          handle.finish_reason if finished else None,
+                                          None if logprobs is None else logprobs[sent:len(tokens)])
                     sent, text_sent = len(tokens), text or ""
                 if finished:
                     if handle.finish_reason == "error":

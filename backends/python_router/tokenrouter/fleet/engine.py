@@ -1,0 +1,185 @@
+"""The embedded runtime (every model of a config, in this process) as a Dynamo ``LLMEngine``.
+
+One Dynamo worker is one whole pair: its frontend tokenizes, applies the chat template and stop
+strings and detokenizes; this engine turns each request into a ``TokenRouter.stream`` call, streams
+token chunks back and ends with the finish reason and usage. ``engine_data`` (a client asks for it
+with ``nvext.extra_fields: ["engine_data"]``) has each chunk's ``models`` (one per token) and, on the
+last chunk, ``response_models`` (every token's: the frontend keeps only the last chunk's engine_data
+in a whole response) and ``large_model_share``. A client that goes away reaches
+``abort``, which cancels the request at the entry, and the entry ends it on every model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from collections import Counter
+from collections.abc import AsyncGenerator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from dynamo._core import Context
+from dynamo.common.backend import EngineConfig, GenerateChunk, GenerateRequest, LLMEngine, LlmRegistration, WorkerConfig
+from dynamo.common.backend.health_check import build_health_check_payload
+from dynamo.common.backend.metrics import register_engine_registry
+from dynamo.llm.exceptions import InvalidArgument
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..config import load_config
+from ..request_builder import RequestError
+from ..runtime.admission import ServerBusy
+from ..runtime.api import TokenRouter
+from ..runtime.emission import large_model_share
+from .requests import Mapped, map_request
+
+log = logging.getLogger(__name__)
+
+
+class TokenRouterEngine(LLMEngine):
+    def __init__(self, config_path: str | Path, served_model_name: str, model_path: str | None = None) -> None:
+        self.config_path = Path(config_path)
+        self.served_model_name = served_model_name
+        self.model_path = model_path
+        self.router: TokenRouter | None = None
+        self._running: dict[str, asyncio.Task] = {}  # Dynamo's request id -> the task streaming it
+
+    @classmethod
+    async def from_args(cls, argv: list[str] | None = None) -> tuple["TokenRouterEngine", WorkerConfig]:
+        parser = argparse.ArgumentParser(prog="python -m tokenrouter.fleet.worker",
+                                         description="one replica of the pair as a Dynamo worker")
+        parser.add_argument("--config", required=True, help="the pair's YAML config (configs/)")
+        parser.add_argument("--served-model-name", default="tokenrouter")
+        parser.add_argument("--model-path", help="folder the frontend reads the tokenizer, chat template and "
+                                                 "generation config from (default: the config's tokenizer)")
+        parser.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "tokenrouter"))
+        parser.add_argument("--discovery-backend", default=os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"))
+        parser.add_argument("--request-plane", default=os.environ.get("DYN_REQUEST_PLANE", "tcp"))
+        parser.add_argument("--event-plane", default=os.environ.get("DYN_EVENT_PLANE"))
+        args = parser.parse_args(argv)
+        engine = cls(args.config, args.served_model_name, args.model_path)
+        worker = WorkerConfig(namespace=args.namespace, component="tokenrouter", endpoint="generate",
+                              model_name=engine.model_folder(), served_model_name=args.served_model_name,
+                              discovery_backend=args.discovery_backend, request_plane=args.request_plane,
+                              event_plane=args.event_plane, enable_kv_routing=False)
+        return engine, worker
+
+    def model_folder(self) -> str:
+        if self.model_path:
+            return self.model_path
+        config = load_config(self.config_path)
+        folder = config.tokenizer_path or config.models[config.entry].path
+        if not folder:
+            raise ValueError(f"{self.config_path}: no tokenizer folder for Dynamo's frontend; pass --model-path")
+        return str(folder)
+
+    async def start(self, worker_id: int) -> EngineConfig:
+        del worker_id
+        # Building engines loads weights: off the event loop, which serves Dynamo's runtime meanwhile.
+        self.router = await asyncio.to_thread(TokenRouter.from_config, self.config_path)
+        entry = self.router.engines[self.router.config.entry]
+        return EngineConfig(model=self.model_folder(), served_model_name=self.served_model_name,
+                            llm=LlmRegistration(context_length=self.router.max_model_len,
+                                                kv_cache_block_size=entry.block_size,
+                                                total_kv_blocks=entry.num_total_blocks,
+                                                max_num_seqs=self.router.config.scheduling.max_active))
+
+    async def register_prometheus(self, metrics: Any) -> None:
+        """Each model's KV blocks and held requests on the worker's /metrics (DYN_SYSTEM_PORT), read at
+        scrape time: what an operator (and the fleet's tests) look at to see a replica's load and leaks."""
+        registry = CollectorRegistry()
+        registry.register(_PairCollector(lambda: self.router))
+        register_engine_registry(metrics, registry, prefix_filters=["tokenrouter_"])
+
+    async def health_check_payload(self) -> dict[str, Any] | None:
+        # One token of the vocabulary, one output token: a probe that runs every model's loop it reaches.
+        return build_health_check_payload(bos_token_id=0)
+
+    async def generate(self, request: GenerateRequest, context: Context) -> AsyncGenerator[GenerateChunk, None]:
+        mapped = map_request(request)
+        if self.router is None:
+            raise RuntimeError("the engine is not started")
+        # The request's stream runs in its own task, so that abort (another task) can cancel it: a
+        # cancelled stream cancels its request at the entry, which ends it on every model.
+        queue: asyncio.Queue[GenerateChunk | Exception | None] = asyncio.Queue()
+        task = asyncio.create_task(self._pump(mapped, queue))
+        rid = context.id()
+        self._running[rid] = task
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            self._running.pop(rid, None)
+            task.cancel()  # a consumer that stops reading ends the request too
+
+    async def _pump(self, mapped: Mapped, queue: asyncio.Queue) -> None:
+        """The request's chunks into ``queue``, then None (or the error that ended it)."""
+        names = self.router.config.model_names
+        origins: Counter[int] = Counter()
+        models: list[str] = []
+
+        def last(finish_reason: str) -> GenerateChunk:
+            generated, prompt = sum(origins.values()), len(mapped.prompt)
+            return {"token_ids": [], "index": 0, "finish_reason": finish_reason,
+                    "completion_usage": {"prompt_tokens": prompt, "completion_tokens": generated,
+                                         "total_tokens": prompt + generated},
+                    "engine_data": {"models": [], "response_models": models, "large_model_share":
+                                    large_model_share(origins, names.index(self.router.config.entry))}}
+
+        try:
+            async for chunk in self.router.stream(mapped.prompt, **mapped.keywords):
+                origins.update(names.index(model) for model in chunk.models)
+                models.extend(chunk.models)
+                out: GenerateChunk = {"token_ids": chunk.token_ids, "index": 0,
+                                      "engine_data": {"models": chunk.models}}
+                if chunk.logprobs is not None:
+                    out["log_probs"] = chunk.logprobs
+                if chunk.finish_reason is not None:
+                    ending = last(chunk.finish_reason)
+                    out.update(finish_reason=ending["finish_reason"], completion_usage=ending["completion_usage"])
+                    out["engine_data"].update(large_model_share=ending["engine_data"]["large_model_share"],
+                                              response_models=models)
+                await queue.put(out)
+            await queue.put(None)
+        except asyncio.CancelledError:  # abort: the stream's cleanup has cancelled the request
+            await queue.put(last("cancelled"))
+            await queue.put(None)
+        except RequestError as exc:  # bad input found at submit: the client's 400
+            await queue.put(InvalidArgument(str(exc)))
+        except ServerBusy as exc:
+            await queue.put(RuntimeError(f"the replica is busy: {exc}"))
+        except Exception as exc:  # noqa: BLE001  (handed to generate, which raises it to Dynamo)
+            await queue.put(exc)
+
+    async def abort(self, context: Context) -> None:
+        task = self._running.pop(context.id(), None)
+        if task is not None:
+            task.cancel()
+
+    async def cleanup(self) -> None:
+        if self.router is not None:
+            router, self.router = self.router, None
+            await asyncio.to_thread(router.shutdown)
+
+
+class _PairCollector(Collector):
+    def __init__(self, router: Callable[[], TokenRouter | None]) -> None:
+        self._router = router
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        router = self._router()
+        kv = GaugeMetricFamily("tokenrouter_kv_blocks_used", "KV blocks in use, per model", labels=["model"])
+        held = GaugeMetricFamily("tokenrouter_requests_held", "requests a model holds (running or pending)",
+                                 labels=["model"])
+        if router is not None:
+            for model, blocks in router.kv_blocks_used().items():
+                kv.add_metric([model], blocks)
+            for model, count in router.held_requests().items():
+                held.add_metric([model], count)
+        yield kv
+        yield held

@@ -1,0 +1,228 @@
+"""``tokenrouter fleet``: NVIDIA Dynamo's frontend and N replicas of the pair (each a Dynamo worker).
+
+    tokenrouter fleet --tiny --replicas 2 --migration-limit 2    # one machine, loopback only
+
+On one machine discovery goes through a folder and every socket is pinned to 127.0.0.1 (no etcd,
+no NATS). Across hosts, ``--discovery etcd`` with ``ETCD_ENDPOINTS`` and ``NATS_SERVER`` set: one
+host runs ``--no-workers``, the others ``--no-frontend`` (docs/deploy.md, "Fleet"). A worker that
+dies is started again; SIGTERM/SIGINT drains: the workers first (each finishes what it holds,
+Dynamo's own graceful stop), the frontend last, so no request in flight loses its endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROUTER_MODES = ("round-robin", "random", "power-of-two", "least-loaded", "kv")
+WATCH_PERIOD_S = 0.5
+MAX_STATUS_PORT = 32767
+RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 15.0)  # a crash loop does not spin the CPU
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="the pair's YAML config (configs/)")
+    source.add_argument("--tiny", action="store_true", help="the tiny random pair, ready in seconds")
+    parser.add_argument("--replicas", type=int, default=1, help="workers on this machine, each a whole pair")
+    parser.add_argument("--router-mode", choices=ROUTER_MODES, default="round-robin",
+                        help="how the frontend picks a replica (default round-robin)")
+    parser.add_argument("--migration-limit", type=int, default=2,
+                        help="times a request may move to another replica when its own dies (default 2; 0: off)")
+    parser.add_argument("--host", default="127.0.0.1", help="the frontend's address (default: this machine only)")
+    parser.add_argument("--http-port", type=int, default=8000, help="the OpenAI API's port (default 8000)")
+    parser.add_argument("--served-model-name", default="tokenrouter")
+    parser.add_argument("--discovery", choices=("file", "etcd"), default="file",
+                        help="file: one machine (a folder under --run-dir); etcd: across hosts "
+                             "(ETCD_ENDPOINTS and NATS_SERVER in the environment)")
+    parser.add_argument("--run-dir", help="discovery folder and logs (default: a new temporary folder)")
+    parser.add_argument("--no-frontend", action="store_true", help="workers only (a worker host of a fleet)")
+    parser.add_argument("--no-workers", action="store_true", help="the frontend only (the entry host of a fleet)")
+    parser.add_argument("--gpus-per-replica", type=int, default=0, metavar="K",
+                        help="worker i sees GPUs i*K .. i*K+K-1 (CUDA_VISIBLE_DEVICES); default 0: unchanged")
+    parser.add_argument("--worker-status-port", type=int, default=-1, metavar="PORT",
+                        help="worker i serves its /health and /metrics (KV blocks per model) on PORT + i "
+                             "(default -1: off)")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="seconds each process gets to finish its requests on SIGTERM (default 30)")
+
+
+def free_port_run(count: int) -> int:
+    """A first port of ``count`` free adjacent ones (worker i's status port is first + i), below
+    MAX_STATUS_PORT (tests, benchmarks)."""
+    for first in random.Random().sample(range(20000, MAX_STATUS_PORT - count), 200):
+        sockets = [socket.socket() for _ in range(count)]
+        try:
+            for offset, sock in enumerate(sockets):
+                sock.bind(("127.0.0.1", first + offset))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} adjacent free ports")
+
+
+def fleet_environment(discovery: str, run_dir: Path) -> dict[str, str]:
+    """Dynamo's settings for this machine's processes. ``file``: loopback only, no etcd or NATS."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HOME": str(run_dir / "home")}  # the frontend caches model files under $HOME/.cache/dynamo
+    if discovery == "file":
+        env.update(DYN_DISCOVERY_BACKEND="file", DYN_FILE_KV=str(run_dir / "kv"), DYN_REQUEST_PLANE="tcp",
+                   DYN_EVENT_PLANE="zmq", DYN_TCP_RPC_HOST="127.0.0.1", DYN_TCP_RESPONSE_STREAM_HOST="127.0.0.1",
+                   DYN_EVENT_PLANE_HOST="127.0.0.1", DYN_SYSTEM_HOST="127.0.0.1", DYN_SYSTEM_PORT="-1",
+                   DYN_SELF_HOST_METADATA="0")
+    else:
+        missing = [name for name in ("ETCD_ENDPOINTS", "NATS_SERVER") if not os.environ.get(name)]
+        if missing:
+            raise SystemExit(f"tokenrouter fleet --discovery etcd: set {' and '.join(missing)}")
+        env.update(DYN_DISCOVERY_BACKEND="etcd", DYN_REQUEST_PLANE="nats", DYN_EVENT_PLANE="nats")
+    return env
+
+
+def worker_environment(index: int, status_port: int, gpus_per_replica: int) -> dict[str, str]:
+    """Worker ``index``'s own settings: its status port, its GPUs."""
+    env = {} if status_port < 0 else {"DYN_SYSTEM_PORT": str(status_port + index)}
+    if gpus_per_replica > 0:
+        first = index * gpus_per_replica
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + k) for k in range(gpus_per_replica))
+    return env
+
+
+def frontend_command(args: argparse.Namespace) -> list[str]:
+    return [sys.executable, "-m", "dynamo.frontend", "--http-host", args.host, "--http-port", str(args.http_port),
+            "--router-mode", args.router_mode, "--migration-limit", str(args.migration_limit),
+            "--namespace", "tokenrouter"]
+
+
+def worker_command(config: Path, served_model_name: str) -> list[str]:
+    return [sys.executable, "-m", "tokenrouter.fleet.worker", "--config", str(config),
+            "--served-model-name", served_model_name, "--namespace", "tokenrouter"]
+
+
+@dataclass
+class Process:
+    name: str
+    command: list[str]
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)  # this process's own settings
+    popen: subprocess.Popen | None = None
+    restarts: list[float] = field(default_factory=list)
+
+    def start(self, env: dict[str, str]) -> None:
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen(self.command, env={**env, **self.env}, stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True)  # a terminal's Ctrl-C reaches us only
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, timeout: float) -> None:
+        """SIGTERM (Dynamo drains), then SIGKILL after ``timeout``."""
+        if not self.alive:
+            return
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
+def resolve_config(args: argparse.Namespace, run_dir: Path) -> Path:
+    """The config the workers load: ``--config``, or the tiny config with the tiny pair's folders."""
+    return tiny_config(run_dir) if args.tiny else Path(args.config).resolve()
+
+
+def tiny_config(folder: Path) -> Path:
+    """``configs/tiny.yaml`` with the tiny pair's folders (built on first use), written into ``folder``."""
+    from tokenrouter_engines.tiny import ensure_tiny_pair
+
+    from ..launch.serve import TINY_CONFIG, TINY_FAMILY, TINY_SEED
+
+    pair = ensure_tiny_pair(TINY_FAMILY, TINY_SEED)
+    raw = yaml.safe_load(Path(TINY_CONFIG).read_text())
+    small, large = list(raw["models"])[:2]
+    raw["models"][small]["path"], raw["models"][large]["path"] = str(pair["small"]), str(pair["large"])
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, _frame: object) -> None:
+    raise _Stop(signum)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.replicas < 1 and not args.no_workers:
+        raise SystemExit("--replicas must be >= 1")
+    if args.worker_status_port + args.replicas - 1 > MAX_STATUS_PORT:
+        raise SystemExit(f"--worker-status-port: Dynamo 1.6.1 reads DYN_SYSTEM_PORT as a signed 16-bit number; "
+                         f"the last worker's port must be <= {MAX_STATUS_PORT}")
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="tokenrouter-fleet-")).resolve()
+    (run_dir / "home").mkdir(parents=True, exist_ok=True)
+    env = fleet_environment(args.discovery, run_dir)
+    config = resolve_config(args, run_dir)
+    workers = [] if args.no_workers else [
+        Process(f"worker {i}", worker_command(config, args.served_model_name), run_dir / f"worker-{i}.log",
+                env=worker_environment(i, args.worker_status_port, args.gpus_per_replica))
+        for i in range(args.replicas)]
+    frontend = None if args.no_frontend else Process("frontend", frontend_command(args), run_dir / "frontend.log")
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    try:
+        for process in ([frontend] if frontend else []) + workers:
+            process.start(env)
+        where = f"http://{args.host}:{args.http_port}/v1" if frontend else "this host's workers"
+        print(f"tokenrouter fleet: {len(workers)} replica(s), {where}, logs in {run_dir}", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(WATCH_PERIOD_S)
+            if frontend and not frontend.alive:
+                print(f"tokenrouter fleet: the frontend exited ({frontend.popen.returncode}); see {frontend.log}",
+                      file=sys.stderr, flush=True)
+                return 1
+            for worker in workers:
+                if not worker.alive:
+                    _restart(worker, env)
+    except _Stop:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for worker in workers:  # all at once: each drains in parallel
+            if worker.alive:
+                worker.popen.send_signal(signal.SIGTERM)
+        for worker in workers:
+            worker.stop(args.drain_timeout)
+        if frontend:
+            frontend.stop(args.drain_timeout)
+    return 0
+
+
+def _restart(worker: Process, env: dict[str, str]) -> None:
+    now = time.monotonic()
+    worker.restarts = [t for t in worker.restarts if now - t < 600.0]
+    delay = RESTART_BACKOFF_S[min(len(worker.restarts), len(RESTART_BACKOFF_S) - 1)]
+    if worker.restarts and now - worker.restarts[-1] < delay:
+        return  # its turn comes on a later watch
+    print(f"tokenrouter fleet: {worker.name} exited ({worker.popen.returncode}); starting it again",
+          file=sys.stderr, flush=True)
+    worker.restarts.append(now)
+    worker.start(env)
