@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 from jinja2 import TemplateError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -281,5 +281,5 @@ def create_app(served: ServedPair, triton_url: str, api_key: str | None = None,
                 Route("/v1/chat/completions", routes.chat, methods=["POST"]),
                 Route("/v1/completions", routes.completions, methods=["POST"])],
         exception_handlers={OpenAIError: _openai_error, HTTPException: _http_error, ClientGone: _client_gone,
-                            Exception: _internal},
+                            ClientDisconnect: _client_gone, Exception: _internal},
         lifespan=routes.lifespan)
