@@ -11,6 +11,7 @@ defaults are the documented values.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import socket
 import threading
@@ -30,6 +31,26 @@ from .asgi_app import FakeChannel, served_pair
 LIMITS = HttpLimits(head_timeout_s=1.0, body_timeout_s=1.0, keep_alive_s=1.0, max_connections=100)
 MB = 1 << 20
 CHAT = b'{"model": "tokenrouter", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'
+
+
+class Errors(logging.Handler):
+    """uvicorn's error log (an exception in the app, a write after the close): none is expected."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def no_server_errors() -> Iterator[None]:
+    errors = Errors()
+    logging.getLogger("uvicorn.error").addHandler(errors)
+    yield
+    logging.getLogger("uvicorn.error").removeHandler(errors)
+    assert not errors.records, [record.getMessage() for record in errors.records]
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +146,19 @@ def test_64_mb_header_or_url_refused_as_it_arrives(server, head: bytes, filler: 
     assert answer.startswith(b"HTTP/1.1 " + status) and b'"error"' in answer
     assert elapsed < 10 and grown < 16  # the whole head was never kept (64 MB)
     answered(server)
+
+
+def test_bodies_past_the_head_limit_and_kept_alive_requests_are_not_heads(server) -> None:
+    """A 200 KB body arrives in pieces far over the head limit, and the next request on the same
+    connection begins right after it: neither is counted as a request head."""
+    content = (b'{"model": "tokenrouter", "max_tokens": 3, "messages": [{"role": "user", "content": "'
+               + b"a" * 100_000 + b'"}]}')
+    with httpx.Client(base_url=f"http://{server[0]}:{server[1]}", timeout=10) as client:
+        for _ in range(3):
+            reply = client.post("/v1/chat/completions", content=content)
+            assert reply.status_code == 200, reply.text
+        deep = client.post("/v1/chat/completions", content=b"[" * 200_000)
+        assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"]
 
 
 def test_slow_head_slow_body_and_silent_connections_are_closed_in_time(server) -> None:

@@ -62,6 +62,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._head_bytes = self._url_bytes = 0  # as parsed
         self._fed = 0  # fed to the parser while the head was not whole
+        self._heads_done = 0  # heads parsed on this connection
         self._in_head = True  # the parser has not seen this request's whole head yet
         self._refused: bytes | None = None  # the response for a request stopped mid-parse
         self._lingering = False
@@ -81,9 +82,11 @@ class GuardedProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering:  # refused: what still comes is dropped until the close
             return
+        in_head, heads_done = self._in_head, self._heads_done
         super().data_received(data)
-        # the parser keeps a URL or a header value to itself until it ends: count what it was fed instead
-        if self._in_head and not self._lingering:
+        # The parser keeps a URL or a header value to itself until it ends: count what it was fed instead,
+        # a piece that began and ended inside one head (a head that ends is counted by on_url / on_header).
+        if in_head and self._in_head and self._heads_done == heads_done and not self._lingering:
             self._fed += len(data)
             if self._fed > self.limits.max_head_bytes:  # no URL yet: the request line is what is too long
                 self._refuse(self._head_too_large() if self._url_bytes else self._url_too_long())
@@ -110,6 +113,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._heads_done += 1
         self._disarm()
         self._arm(self.limits.body_timeout_s, "the request body")
         super().on_headers_complete()
@@ -156,6 +160,9 @@ class GuardedProtocol(HttpToolsProtocol):
         self._disarm()
         if self.transport.is_closing():
             return
+        if self.cycle is not None and not self.cycle.response_complete:  # the app is told, and writes no more
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
         self._lingering = True
         self.transport.write(response)
         if self.transport.can_write_eof():
