@@ -189,6 +189,18 @@ def test_slow_head_slow_body_and_silent_connections_are_closed_in_time(server) -
     assert max(closed_at.values()) < LIMITS.head_timeout_s + 2.5
 
 
+def test_a_kept_alive_connections_slow_next_head_gets_its_408(server) -> None:
+    """After an answered request, the next one's head is due within the limit too: a 408, not a bare close."""
+    with socket.create_connection(server) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")  # and the rest never comes
+        start = time.monotonic()
+        answer = read_all(sock, 5)
+        assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - start < LIMITS.head_timeout_s + 2
+
+
 def test_2000_connections_refused_past_the_limit_without_growth(server) -> None:
     """2,000 connections at once, each sending nothing: those past the limit (100 here) get a 503 and
     are closed; the process does not grow with them; the ones within the limit are closed by the head

@@ -151,7 +151,10 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _too_slow(self, seconds: float, what: str) -> None:
         self._deadline = None
-        if self.cycle is not None and self.cycle.response_started:  # answered already (a 413): just close
+        # a response under way (the app answered a body early, e.g. 413; a kept-alive connection's
+        # previous answer still streaming): no second status line can follow it, just close
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started and (not self._in_head or not cycle.response_complete):
             self.transport.close()
             return
         self._refuse(refusal(408, f"{what} did not arrive within {seconds:g} s"))
