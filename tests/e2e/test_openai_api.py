@@ -216,6 +216,14 @@ def test_body_over_the_cap_is_refused_before_parsing(api) -> None:
     assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"]
 
 
+def test_the_served_port_has_the_http_limits(api) -> None:
+    """The served process runs the guarded protocol (tests/openai_server/test_openai_http_limits.py
+    holds each limit): a 40 KB header is a 431 with OpenAI's error body; the server serves after it."""
+    reply = httpx.get(f"{api.url}/v1/models", headers={"Authorization": f"Bearer {KEY}", "X-Big": "a" * 40_000})
+    assert reply.status_code == 431 and "over the limit of 32768 bytes" in reply.json()["error"]["message"]
+    assert httpx.get(f"{api.url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
 def _curl(api, path: str, body: dict) -> str:
     return subprocess.run(["curl", "-sS", "-N", f"{api.url}{path}", "-H", "Content-Type: application/json",
                            "-H", f"Authorization: Bearer {KEY}", "-d", json.dumps(body)],

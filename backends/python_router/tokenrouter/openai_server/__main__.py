@@ -2,6 +2,7 @@
 
 SIGTERM or Ctrl-C: it stops taking connections and gives the requests in flight up to
 ``--drain-timeout`` seconds to finish (uvicorn's graceful shutdown), as Triton drains beside it.
+Its HTTP limits (head size, URL length, slow clients, connections) are http_limits.py's.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import uvicorn
 
 from .app import API_KEY_ENV, create_app
+from .http_limits import server_config
 from .served import ServedPair
 
 
@@ -33,8 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     configure(parser)
     args = parser.parse_args(argv)
     app = create_app(ServedPair.from_repository(args.model_repository), args.triton_url, args.api_key)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                timeout_graceful_shutdown=args.drain_timeout)
+    uvicorn.Server(server_config(app, args.host, args.port, drain_timeout_s=args.drain_timeout,
+                                 log_level=args.log_level)).run()
 
 
 if __name__ == "__main__":

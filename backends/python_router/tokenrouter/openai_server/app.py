@@ -13,20 +13,23 @@ import asyncio
 import hmac
 import json
 import logging
+import os
+import re
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from jinja2 import TemplateError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import translate
 from .errors import OpenAIError, bad_request
 from .generation import ChoiceRun, Piece, merged, usage
-from .requests import ChatRequest, CompletionRequest, limit_choices, model_not_found, parse
+from .prompt_tokens import PromptCounter
+from .requests import ChatRequest, CompletionRequest, limit_choices, lone_surrogate_path, model_not_found, parse
 from .responses import (DONE, POLICY_HEADER, ChatChunks, ChoiceText, CompletionChunks, Envelope, chat_body,
                         completion_body, event)
 from .served import ServedPair
@@ -34,6 +37,7 @@ from .triton_stream import TritonChannel
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "TOKENROUTER_API_KEY"
+TOKENIZING_WORKERS = max(1, min(4, (os.cpu_count() or 2) // 2))  # long prompts' counting: a core or so each
 
 
 class ClientGone(Exception):
@@ -75,19 +79,35 @@ async def read_json(request: Request, max_bytes: int) -> Any:
             raise OpenAIError(413, f"the request body is over the limit of {max_bytes} bytes",
                               code="request_too_large")
         parts.append(part)
+    raw = b"".join(parts)
     try:
-        return json.loads(b"".join(parts))
+        body = json.loads(raw, parse_constant=_not_json)
     except ValueError as err:
         raise bad_request(f"the request body is not valid JSON: {err}") from None
     except RecursionError:  # "[[[[...": nested deeper than the parser goes
         raise bad_request("the request body is nested too deeply") from None
+    # only an escape decodes to a surrogate (raw UTF-8 cannot hold one): the walk runs only then
+    if SURROGATE_ESCAPE.search(raw) and (path := lone_surrogate_path(body)) is not None:
+        param = ".".join(str(part) for part in path) or None
+        raise bad_request(f"{param or 'the request body'}: the text is not valid Unicode (a lone surrogate: a \\u "
+                          "escape of half a UTF-16 pair)", param=param, code="invalid_unicode")
+    return body
+
+
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 class OpenAIRoutes:
-    def __init__(self, served: ServedPair, triton_url: str, api_key: str | None) -> None:
-        self.served, self._triton_url, self._api_key = served, triton_url, api_key or None
+    def __init__(self, served: ServedPair, triton_url: str, api_key: str | None,
+                 connect: Callable[[str], TritonChannel]) -> None:
+        self.served, self._triton_url, self._api_key, self._connect = served, triton_url, api_key or None, connect
         self.channel: TritonChannel | None = None
         self._headers = {POLICY_HEADER: served.policy}
+        self.prompt_counter = PromptCounter(served.codec, served.max_prompt_bytes, TOKENIZING_WORKERS)
 
     def _token_text(self, token: int) -> str:
         return self.served.codec.decode([token])
@@ -135,7 +155,8 @@ class OpenAIRoutes:
             raise bad_request(f"the model's chat template refused the messages: {err}", param="messages") from None
         max_tokens = body.output_cap()
         if max_tokens is None:  # OpenAI's default: as many as the context holds
-            max_tokens = self.served.context_limit - self.served.prompt_tokens(prompt)
+            max_tokens = self.served.context_limit - await until_disconnected(
+                request, self.prompt_counter.count(prompt, "messages"))
             if max_tokens < 1:
                 raise bad_request(f"the messages fill the context of {self.served.context_limit} tokens",
                                   param="messages", code="context_length_exceeded")
@@ -176,8 +197,9 @@ class OpenAIRoutes:
     def _runs(self, body: Any, prompts: list[str], max_tokens: int, logprobs: bool, end_ids: list[int] | None,
               params: dict[str, str]) -> list[ChoiceRun]:
         stops = body.stop_strings()
+        min_tokens = max_tokens if body.ignore_eos else body.min_tokens  # vLLM's ignore_eos, in the fronts' terms
         sampling = translate.Sampling(max_tokens, body.temperature, body.top_p, body.seed, stops, body.presence_penalty,
-                                      body.frequency_penalty, logprobs, body.top_k, body.min_tokens,
+                                      body.frequency_penalty, logprobs, body.top_k, min_tokens,
                                       body.repetition_penalty, body.stream, end_ids)
         return [ChoiceRun(self.channel, body.model, choice, stops, params)
                 for choice in translate.choices(prompts, body.n, sampling)]
@@ -221,11 +243,12 @@ class OpenAIRoutes:
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        self.channel = TritonChannel(self._triton_url)  # on the server's event loop
+        self.channel = self._connect(self._triton_url)  # on the server's event loop
         try:
             yield
         finally:
             await self.channel.close()
+            self.prompt_counter.close()
 
 
 async def _openai_error(request: Request, error: Exception) -> Response:
@@ -248,13 +271,15 @@ async def _internal(request: Request, error: Exception) -> Response:
     return OpenAIError(500, f"internal error: {type(error).__name__}", type="server_error").response()
 
 
-def create_app(served: ServedPair, triton_url: str, api_key: str | None = None) -> Starlette:
-    routes = OpenAIRoutes(served, triton_url, api_key)
+def create_app(served: ServedPair, triton_url: str, api_key: str | None = None,
+               connect: Callable[[str], TritonChannel] = TritonChannel) -> Starlette:
+    """``connect``: the channel to the fronts from Triton's address (a fake one in tests)."""
+    routes = OpenAIRoutes(served, triton_url, api_key, connect)
     return Starlette(
         routes=[Route("/health", routes.health), Route("/v1/models", routes.models),
                 Route("/v1/models/{model:path}", routes.model),
                 Route("/v1/chat/completions", routes.chat, methods=["POST"]),
                 Route("/v1/completions", routes.completions, methods=["POST"])],
         exception_handlers={OpenAIError: _openai_error, HTTPException: _http_error, ClientGone: _client_gone,
-                            Exception: _internal},
+                            ClientDisconnect: _client_gone, Exception: _internal},
         lifespan=routes.lifespan)

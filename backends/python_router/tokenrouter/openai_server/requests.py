@@ -1,16 +1,18 @@
 """OpenAI request bodies, read and checked: what is supported, what is refused by name.
 
 Pydantic models with ``extra="forbid"``: an unknown parameter is refused as OpenAI refuses it
-("Unrecognized request argument"). Parameters OpenAI has and we do not serve are refused with
-why (``REFUSED``), unless sent at the value that switches them off. Every error names its
-parameter (errors.py turns it into a 400).
+("Unrecognized request argument"). Strict types, as OpenAI checks them: a string where a number or
+a boolean is due is refused, not coerced (an integer is a number, a number is not an integer).
+Every integer is bounded to what the fronts' INT32 inputs hold, so nothing wraps on the way.
+Parameters OpenAI has and we do not serve are refused with why (``REFUSED``), unless sent at the
+value that switches them off. Every error names its parameter (errors.py turns it into a 400).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import OpenAIError, bad_request
 
@@ -45,16 +47,75 @@ def parse(model: type[BaseModel], body: Any) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as invalid:
-        error = invalid.errors()[0]
+        errors = invalid.errors()
+        error = errors[0]
         param = ".".join(str(part) for part in error["loc"]) or None
         if error["type"] == "extra_forbidden":
             raise bad_request(f"Unrecognized request argument supplied: {param}", param=param,
                               code="unrecognized_argument") from None
-        raise bad_request(f"{param}: {error['msg']}", param=param) from None
+        # OpenAI's wording of a wrong type, unless the parameter has several errors (each alternative of
+        # a union fails on its own: "a string" alone would be misleading)
+        if error["type"] in EXPECTED and sum(e["loc"][:1] == error["loc"][:1] for e in errors) == 1:
+            raise bad_request(f"Invalid type for '{param}': expected {EXPECTED[error['type']]}, but got "
+                              f"{_json_kind(error['input'])} instead.", param=param, code="invalid_type") from None
+        message = str(error["ctx"]["error"]) if error["type"] == "value_error" else error["msg"]
+        raise bad_request(f"{param}: {message}", param=param) from None
+
+
+# pydantic's strict type errors -> what OpenAI says was expected
+EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "a boolean", "string_type": "a string",
+            "list_type": "an array", "dict_type": "an object", "model_type": "an object"}
+
+
+def _json_kind(value: Any) -> str:
+    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a decimal number"), (str, "a string"),
+                       (list, "an array"), (dict, "an object")):
+        if isinstance(value, kind):
+            return name
+    return "null"
+
+
+def lone_surrogate_path(value: Any, path: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+    """Where in decoded JSON a string holds a lone surrogate (JSON's "\\ud800" escape decodes to one,
+    and no UTF-8 encoder takes it), or None. Keys are checked too: an unknown one is echoed back."""
+    if isinstance(value, str):
+        return None if value.isascii() or not _has_lone_surrogate(value) else path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and _has_lone_surrogate(key):
+            return (*path, key.encode("utf-8", "backslashreplace").decode())
+        if (found := lone_surrogate_path(item, (*path, key))) is not None:
+            return found
+    return None
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+INT32_MAX = 2**31 - 1  # the fronts' integer inputs (max_tokens, top_k, min_tokens, ...) are INT32
+
+
+def integer_in(low: int, high: int = INT32_MAX) -> Any:
+    """An integer field refused outside [low, high], the message naming the range."""
+    def check(value: int) -> int:
+        if not low <= value <= high:
+            raise ValueError(f"{value} is out of range: expected an integer from {low} to {high}")
+        return value
+    return Annotated[int, AfterValidator(check)]
+
+
+AtLeastOne = integer_in(1)
+NonNegative = integer_in(0)
+FP32_MAX = 3.4028234663852886e38  # the fronts' float inputs are FP32: a larger number would arrive as inf
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -88,7 +149,7 @@ class Message(_Strict):
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
+Seed = integer_in(-(2**63), 2**64 - 1)
 
 
 class _Sampling(_Strict):
@@ -97,7 +158,7 @@ class _Sampling(_Strict):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1)
+    n: AtLeastOne = 1
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: Probability = 1.0
     seed: Seed | None = None
@@ -106,9 +167,10 @@ class _Sampling(_Strict):
     frequency_penalty: Penalty = 0.0
     user: str | None = None
     # vLLM's extensions of OpenAI's API, which the fronts serve (TensorRT-LLM's inputs of those names)
-    top_k: int = Field(0, ge=0)
-    min_tokens: int = Field(0, ge=0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
+    top_k: NonNegative = 0
+    min_tokens: NonNegative = 0
+    ignore_eos: bool = False  # vLLM's: do not stop at an end id (min_tokens = max_tokens)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=FP32_MAX)
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
     # refused unless off (REFUSED)
@@ -123,8 +185,8 @@ class _Sampling(_Strict):
 
 class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: AtLeastOne | None = None
+    max_completion_tokens: AtLeastOne | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     # refused unless off (REFUSED)
@@ -153,10 +215,10 @@ class ChatRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str]]
-    max_tokens: int = Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: AtLeastOne = 16  # OpenAI's default for completions
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=5)
-    best_of: int | None = Field(None, ge=1)
+    best_of: AtLeastOne | None = None
     # refused unless off (REFUSED)
     suffix: str | None = None
 

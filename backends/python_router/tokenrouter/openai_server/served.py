@@ -29,6 +29,7 @@ class ServedPair:
     context_limit: int  # prompt + output tokens
     max_choices: int  # n: frontend.max_return_sequences
     max_generations: int  # prompts x n: frontend.max_generations
+    max_prompt_bytes: int  # the fronts' text cap: no prompt that fits the context is longer
     max_body_bytes: int
     created: int  # when the repository was written, for /v1/models
 
@@ -45,6 +46,7 @@ class ServedPair:
                    chat_end_ids=codec.end_ids(generation_eos(tokenizer_path)),
                    context_limit=context_limit(front, tokenizer_path),
                    max_choices=config.frontend.max_return_sequences, max_generations=config.frontend.max_generations,
+                   max_prompt_bytes=text_bytes,
                    max_body_bytes=max(MIN_BODY_BYTES, BODY_BYTES_PER_TEXT_BYTE * text_bytes),
                    created=int((Path(repository) / config.frontend.names[0] / "config.pbtxt").stat().st_mtime))
 
@@ -55,10 +57,6 @@ class ServedPair:
     def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
         """The conversation as the model's chat template writes it, ready for the assistant's turn."""
         return self.codec.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-
-    def prompt_tokens(self, text: str) -> int:
-        """Tokens of a prompt as the fronts count them (text sent as it is, apply_chat_template false)."""
-        return len(self.codec.encode_prompt(text, chat_template=False))
 
     def models(self) -> list[dict[str, Any]]:
         """/v1/models' data."""

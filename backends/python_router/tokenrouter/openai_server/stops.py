@@ -34,6 +34,13 @@ class StopText:
         return release
 
     def _may_begin_a_stop(self) -> int:
-        """Characters at the end of the text that are the beginning of a stop string."""
-        return max((k for stop in self._stops for k in range(len(stop) - 1, 0, -1) if self._text.endswith(stop[:k])),
-                   default=0)
+        """Characters at the end of the text that are the beginning of a stop string. Only the text
+        not released yet can be held back, so only that much is tried: trying every prefix of a 100 KB
+        stop string took 0.7 s per streamed piece, on the event loop every client shares."""
+        unreleased, longest = len(self._text) - self._sent, 0
+        for stop in self._stops:
+            for k in range(min(len(stop) - 1, unreleased), longest, -1):  # the longest first: it is the answer
+                if self._text.endswith(stop[:k]):
+                    longest = k
+                    break
+        return longest
