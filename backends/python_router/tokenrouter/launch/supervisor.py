@@ -165,4 +165,4 @@ def backoff_s(restarts_in_window: int) -> float:
     RESTART_WINDOW_S: none for the first FREE_RESTARTS, then doubling up to BACKOFF_MAX_S, never
     a refusal (the launcher never gives up)."""
     over = restarts_in_window - FREE_RESTARTS
-    return 0.0 if over <= 0 else min(BACKOFF_FIRST_S * 2 ** (over - 1), BACKOFF_MAX_S)
+    return 0.0 if over <= 0 else min(BACKOFF_FIRST_S * 2.0 ** min(over - 1, 32), BACKOFF_MAX_S)  # no overflow

@@ -1,0 +1,91 @@
+"""What the launcher hands tritonserver (launch/triton_server.py), without Triton: no client can load
+or unload a model (model control "none"), and no key or secret is on any command line or in any
+environment of the processes under the server. /proc/<pid>/cmdline is readable by every local user, and
+whatever a stub starts inherits its environment; a key on tritonserver's command line once let any
+local user load code into the server.
+
+The stand-in binary plays tritonserver's part as the launcher sees it from outside: it answers
+/v2/health/ready and starts a child (as a stub is) that stays up."""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from tokenrouter.launch.triton_server import MODEL_CONTROL, Ports, TritonInstall, TritonServer
+from tokenrouter.openai_server.app import API_KEY_ENV
+from tokenrouter.procfs import proc_stat
+from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, PAIR_SECRET_FILE_ENV
+
+API_KEY, PAIR_SECRET = "api-key-" + "a" * 32, "pair-secret-" + "p" * 32
+
+STAND_IN = '''#!{python}
+import http.server, subprocess, sys
+subprocess.Popen(["sleep", "60"])  # a stub: inherits the server's environment
+port = int(next(a for a in sys.argv if a.startswith("--http-port=")).split("=")[1])
+
+
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
+'''
+
+
+def under(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    children = [int(p.name) for p in Path("/proc").iterdir()
+                if p.name.isdigit() and (s := proc_stat(p.name)) is not None and s.ppid == pid]
+    return [pid, *(found for child in children for found in under(child))]
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    binary = tmp_path / "tritonserver"
+    binary.write_text(STAND_IN.format(python=sys.executable))
+    binary.chmod(0o755)
+    monkeypatch.setenv(API_KEY_ENV, API_KEY)
+    monkeypatch.setenv(PAIR_SECRET_ENV, PAIR_SECRET)
+    monkeypatch.delenv(PAIR_SECRET_FILE_ENV, raising=False)
+    server = TritonServer(tmp_path, tmp_path, TritonInstall(binary=binary, backends=tmp_path), Ports.free())
+    server.start().wait_ready(60)
+    yield server
+    server.stop(grace_s=2)
+
+
+def test_the_command_closes_model_control_and_carries_no_key() -> None:
+    command = TritonServer(Path("repo"), Path("backends"), TritonInstall(Path("tritonserver"), Path(".")),
+                           Ports(1, 2, 3)).command()
+    assert MODEL_CONTROL == "--model-control-mode=none" and MODEL_CONTROL in command
+    assert not [arg for arg in command if arg.startswith(("--load-model", "--model-control-mode=explicit",
+                                                          "--http-restricted-api", "--grpc-restricted-protocol"))]
+
+
+def test_no_process_under_the_server_has_a_secret_in_its_cmdline_or_environ(server: TritonServer) -> None:
+    processes = under(server.process.pid)
+    assert len(processes) >= 2, "the stand-in's child is missing"
+    secrets = [API_KEY, PAIR_SECRET, server.peer_secret]
+    for pid in processes:
+        for part in ("cmdline", "environ"):
+            text = Path(f"/proc/{pid}/{part}").read_bytes()
+            assert not [s for s in secrets if s.encode() in text], f"a secret is in /proc/{pid}/{part}"
+
+
+def test_the_pair_secret_reaches_the_stubs_as_a_private_file_removed_at_stop(server: TritonServer) -> None:
+    environ = dict(item.split(b"=", 1) for item in Path(f"/proc/{server.process.pid}/environ").read_bytes()
+                   .split(b"\0") if b"=" in item)
+    path = Path(environ[PAIR_SECRET_FILE_ENV.encode()].decode())
+    assert path.read_text() == PAIR_SECRET
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    server.stop(grace_s=2)
+    assert not path.exists()
+
