@@ -9,7 +9,10 @@ The stand-in binary plays tritonserver's part as the launcher sees it from outsi
 
 from __future__ import annotations
 
+import os
+import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from tokenrouter.launch.triton_server import MODEL_CONTROL, Ports, TritonInstall
 from tokenrouter.openai_server.app import API_KEY_ENV
 from tokenrouter.procfs import proc_stat
 from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, PAIR_SECRET_FILE_ENV
+from tokenrouter.serving.peer_auth import secret_path
 
 API_KEY, PAIR_SECRET = "api-key-" + "a" * 32, "pair-secret-" + "p" * 32
 
@@ -89,3 +93,23 @@ def test_the_pair_secret_reaches_the_stubs_as_a_private_file_removed_at_stop(ser
     server.stop(grace_s=2)
     assert not path.exists()
 
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root to act as user nobody")
+def test_as_another_local_user_no_secret_can_be_read(server: TritonServer) -> None:
+    """What the attacker of the old design did, as user ``nobody``: every cmdline under the server is
+    readable and holds no secret; the environments and the secret files are not readable at all."""
+    environ = Path(f"/proc/{server.process.pid}/environ").read_bytes().split(b"\0")
+    pair_file = next(item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"TOKENROUTER_PAIR"))
+    peer_file = str(secret_path(server.process.pid))
+
+    def as_nobody(path: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["runuser", "-u", "nobody", "--", "cat", path], capture_output=True, timeout=30)
+
+    for pid in under(server.process.pid):
+        cmdline = as_nobody(f"/proc/{pid}/cmdline")
+        assert cmdline.returncode == 0 and (b"tritonserver" in cmdline.stdout or b"sleep" in cmdline.stdout)
+        assert not [s for s in (API_KEY, PAIR_SECRET, server.peer_secret) if s.encode() in cmdline.stdout]
+        assert as_nobody(f"/proc/{pid}/environ").returncode != 0
+    for path in (pair_file, peer_file):
+        assert Path(path).exists() and as_nobody(path).returncode != 0, path
