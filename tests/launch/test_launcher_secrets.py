@@ -4,8 +4,8 @@ environment of the processes under the server. /proc/<pid>/cmdline is readable b
 whatever a stub starts inherits its environment; a key on tritonserver's command line once let any
 local user load code into the server.
 
-The stand-in binary plays tritonserver's part as the launcher sees it from outside: it answers
-/v2/health/ready and starts a child (as a stub is) that stays up."""
+The stand-in binary (test_start_retry.py's) plays tritonserver's part as the launcher sees it from
+outside: it answers /v2/health/ready and starts a child (as a stub is) that stays up."""
 
 from __future__ import annotations
 
@@ -17,45 +17,21 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_start_retry import STAND_IN
 
+from e2e.test_serve import _descendants
 from tokenrouter.launch.triton_server import MODEL_CONTROL, Ports, TritonInstall, TritonServer
 from tokenrouter.openai_server.app import API_KEY_ENV
-from tokenrouter.procfs import proc_stat
 from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, PAIR_SECRET_FILE_ENV
 from tokenrouter.serving.peer_auth import secret_path
 
 API_KEY, PAIR_SECRET = "api-key-" + "a" * 32, "pair-secret-" + "p" * 32
 
-STAND_IN = '''#!{python}
-import http.server, subprocess, sys
-subprocess.Popen(["sleep", "60"])  # a stub: inherits the server's environment
-port = int(next(a for a in sys.argv if a.startswith("--http-port=")).split("=")[1])
-
-
-class Ready(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
-'''
-
-
-def under(pid: int) -> list[int]:
-    """``pid`` and every process below it."""
-    children = [int(p.name) for p in Path("/proc").iterdir()
-                if p.name.isdigit() and (s := proc_stat(p.name)) is not None and s.ppid == pid]
-    return [pid, *(found for child in children for found in under(child))]
-
-
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     binary = tmp_path / "tritonserver"
-    binary.write_text(STAND_IN.format(python=sys.executable))
+    binary.write_text(STAND_IN.format(python=sys.executable, runs=str(tmp_path / "runs"), aborts=0, exit_code=0,
+                                      signal="SIGABRT", hang=False))
     binary.chmod(0o755)
     monkeypatch.setenv(API_KEY_ENV, API_KEY)
     monkeypatch.setenv(PAIR_SECRET_ENV, PAIR_SECRET)
@@ -75,7 +51,7 @@ def test_the_command_closes_model_control_and_carries_no_key() -> None:
 
 
 def test_no_process_under_the_server_has_a_secret_in_its_cmdline_or_environ(server: TritonServer) -> None:
-    processes = under(server.process.pid)
+    processes = [server.process.pid, *_descendants(server.process.pid)]
     assert len(processes) >= 2, "the stand-in's child is missing"
     secrets = [API_KEY, PAIR_SECRET, server.peer_secret]
     for pid in processes:
@@ -106,7 +82,7 @@ def test_as_another_local_user_no_secret_can_be_read(server: TritonServer) -> No
     def as_nobody(path: str) -> subprocess.CompletedProcess:
         return subprocess.run(["runuser", "-u", "nobody", "--", "cat", path], capture_output=True, timeout=30)
 
-    for pid in under(server.process.pid):
+    for pid in [server.process.pid, *_descendants(server.process.pid)]:
         cmdline = as_nobody(f"/proc/{pid}/cmdline")
         assert cmdline.returncode == 0 and (b"tritonserver" in cmdline.stdout or b"sleep" in cmdline.stdout)
         assert not [s for s in (API_KEY, PAIR_SECRET, server.peer_secret) if s.encode() in cmdline.stdout]
