@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from e2e.test_routing_server import PROMPTS, stream_ids
 from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
-from tokenrouter.launch.triton_server import MODEL_CONTROL, Ports
+from tokenrouter.launch.triton_server import MODEL_CONTROL, Ports, shm_regions_of, stub_pids
 
 PROBE = "uploaded_probe"
 PROBE_CONFIG = json.dumps({
@@ -124,3 +124,17 @@ def test_a_hostile_num_return_sequences_over_http_is_a_400(routing_server):
                              {"text_input": PROMPTS[0], "max_tokens": 4, "num_return_sequences": 2**31 - 1})
     assert (status, time.monotonic() - start < 1.0) == (400, True), text
     assert "num_return_sequences 2147483647 is over the limit of 16" in json.loads(text)["error"]
+
+
+@pytest.mark.xfail(strict=True, reason="open: Triton's system shared-memory API maps any region the server's user can "
+                                       "open, the Python backend's own included (docs/reliability.md)")
+def test_a_client_cannot_register_the_python_backends_own_shared_memory(routing_server):
+    """A local user reads the region names from the stubs' command lines (or /dev/shm). Registered, a
+    region lets Triton read a request's input from it and write an output into it (seen by hand on
+    the bundled 2.51 with a one-model repository: 4 bytes of the backend's region read and written)."""
+    region = sorted(shm_regions_of(list(stub_pids(routing_server.process.pid).values())))[0]
+    status, text = http_post(routing_server.http_url, "/v2/systemsharedmemory/region/probe/register",
+                             {"key": f"/{region.name}", "offset": 0, "byte_size": 64})
+    if status == 200:
+        http_post(routing_server.http_url, "/v2/systemsharedmemory/region/probe/unregister")
+    assert status != 200, "the Python backend's region was registered"
