@@ -16,7 +16,8 @@ from tritonclient.utils import InferenceServerException
 from tokenrouter.client import GrpcStream, grpc_stream, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _descendants, _launch, wait_stopped
-from tokenrouter.launch.triton_server import SHM_DIR, SHM_PATTERN, shm_regions_of
+from tokenrouter.launch.triton_server import (SHM_DIR, SHM_PATTERN, Ports, TritonInstall, TritonServer,
+                                            shm_regions_of)
 
 STREAMS = 16
 MAX_TOKENS = 200  # with min_tokens as long: no stream of the first wave ends within the 1 s before SIGTERM
@@ -32,6 +33,15 @@ def _listening_addresses(port: int) -> set[str]:
             if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
                 found.add(address)
     return found
+
+
+def _wait_until_held(ports: Ports, count: int, timeout_s: float = 60.0) -> None:
+    """Until the entry subserver holds ``count`` requests (its metrics), as the launcher's drain reads them."""
+    reader = TritonServer(Path("."), Path("."), TritonInstall(Path("tritonserver"), Path(".")), ports, host="127.0.0.1")
+    deadline = time.monotonic() + timeout_s
+    while (reader.requests_held("slm") or 0) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} requests reached the entry"
+        time.sleep(0.1)
 
 
 def _openai_stream(port: int, seed: int) -> tuple[str, int]:
@@ -62,7 +72,8 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
                                    timeout_s=120)
                        for i in range(STREAMS)]
             openai_streams = [pool.submit(_openai_stream, launcher.openai_port, seed) for seed in range(2)]
-            time.sleep(1.0)  # all in flight
+            _wait_until_held(ports, STREAMS + 2)  # all in flight (on a loaded machine 1 s was not always enough
+            # for the OpenAI clients to connect: they were then refused after the SIGTERM)
             assert not any(s.done() for s in streams + openai_streams), "streams finished before SIGTERM"
             launcher.send_signal(signal.SIGTERM)
             time.sleep(0.5)
