@@ -32,7 +32,7 @@ def test_a_config_is_one_server_unless_its_models_name_servers(tiny_pair):
     ({"models.slm.server": None}, "models slm name no server while others do"),
     ({"models.llm.server": "node-2"}, "'node-2' is not HOST:PORT"),
     ({"models.llm.server": "node-2:99999"}, "is not HOST:PORT"),
-    ({"transport.tls_private_key": "k.pem"}, "tls_private_key and tls_certificate_chain go together"),
+    ({"transport.tls_root_certificates": "ca.pem"}, "tls_root_certificates"),  # gone: a tunnel's job
 ])
 def test_placement_errors_name_the_field(tiny_pair, changes, error):
     with pytest.raises(ConfigError, match=error):

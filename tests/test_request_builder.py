@@ -41,7 +41,10 @@ def test_a_front_request_without_sampling_inputs_reads_tensorrt_llms_defaults(ti
     [generation] = parse_request({"text_input": np.array([[b"def f(x):"]], dtype=np.object_)}, text, decoupled=True)
     spec = generation.spec
     assert spec.max_tokens == DEFAULT_MAX_TOKENS
-    assert {name: getattr(spec, name) for name in TENSORRT_LLM_SAMPLING_DEFAULTS} == TENSORRT_LLM_SAMPLING_DEFAULTS
+    # stated here, not read from the constant under test: TensorRT-LLM samples with temperature 1, top_k
+    # and top_p off when a client sends none of them
+    assert (spec.temperature, spec.top_k, spec.top_p) == (1.0, 0, 0.0)
+    assert set(TENSORRT_LLM_SAMPLING_DEFAULTS) == {"temperature", "top_k", "top_p"}
 
 
 def test_an_entry_request_without_sampling_inputs_gets_the_same_max_tokens() -> None:

@@ -31,6 +31,7 @@ if {exit_code}:
 if {hang}:  # never ready, with a child in its process group (as a stub is)
     Path({runs!r} + ".child").write_text(str(subprocess.Popen(["sleep", "600"]).pid))
     time.sleep(600)
+subprocess.Popen(["sleep", "600"])  # a stub: in its process group, with its environment
 port = int(next(a for a in sys.argv if a.startswith("--http-port=")).split("=")[1])
 
 

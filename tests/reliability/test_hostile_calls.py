@@ -173,17 +173,17 @@ def test_the_peer_secret_is_in_no_environment_and_no_model_config(routing_server
     """Whatever a stub starts inherits its environment, and an environment leaks (a crash report, a
     debug dump, `ps e`); the secret forges every peer and control call. So it is in no process's
     environment (it once was in tritonserver's, hence in every stub's), and no model's config, as
-    any client reads it, holds it or the admin key."""
-    secret, key = routing_server.peer_secret, routing_server.admin_key
+    any client reads it, holds it; nor any command line (every local user reads those)."""
+    secret = routing_server.peer_secret
     processes = [routing_server.process.pid, *_descendants(routing_server.process.pid)]  # and what stubs start
     stubs = set(stub_pids(routing_server.process.pid).values())
     assert len(stubs) >= 7 and stubs <= set(processes), (stubs, processes)  # the fronts, subservers, text models
     for pid in processes:
-        environment = Path(f"/proc/{pid}/environ").read_bytes()
-        assert secret.encode() not in environment, f"the peer secret is in the environment of pid {pid}"
+        for part in ("environ", "cmdline"):
+            assert secret.encode() not in Path(f"/proc/{pid}/{part}").read_bytes(), f"the secret is in {pid}/{part}"
     host, port = routing_server.http_url.rsplit(":", 1)
     for model in sorted(stub_pids(routing_server.process.pid)):
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
         connection.request("GET", f"/v2/models/{model}/config")
         config = connection.getresponse().read().decode()
-        assert model in config and secret not in config and key not in config, model
+        assert model in config and secret not in config, model

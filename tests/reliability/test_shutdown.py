@@ -16,7 +16,8 @@ from tritonclient.utils import InferenceServerException
 from tokenrouter.client import GrpcStream, grpc_stream, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _descendants, _launch, wait_stopped
-from tokenrouter.launch.triton_server import SHM_DIR, SHM_PATTERN, shm_regions_of
+from tokenrouter.launch.triton_server import (SHM_DIR, SHM_PATTERN, Ports, TritonInstall, TritonServer,
+                                            shm_regions_of)
 
 STREAMS = 16
 MAX_TOKENS = 200  # with min_tokens as long: no stream of the first wave ends within the 1 s before SIGTERM
@@ -32,6 +33,15 @@ def _listening_addresses(port: int) -> set[str]:
             if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
                 found.add(address)
     return found
+
+
+def _wait_until_held(ports: Ports, count: int, timeout_s: float = 60.0) -> None:
+    """Until the entry subserver holds ``count`` requests (its metrics), as the launcher's drain reads them."""
+    reader = TritonServer(Path("."), Path("."), TritonInstall(Path("tritonserver"), Path(".")), ports, host="127.0.0.1")
+    deadline = time.monotonic() + timeout_s
+    while (reader.requests_held("slm") or 0) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} requests reached the entry"
+        time.sleep(0.1)
 
 
 def _openai_stream(port: int, seed: int) -> tuple[str, int]:
@@ -62,13 +72,14 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
                                    timeout_s=120)
                        for i in range(STREAMS)]
             openai_streams = [pool.submit(_openai_stream, launcher.openai_port, seed) for seed in range(2)]
-            time.sleep(1.0)  # all in flight
+            _wait_until_held(ports, STREAMS + 2)  # all in flight (on a loaded machine 1 s was not always enough
+            # for the OpenAI clients to connect: they were then refused after the SIGTERM)
             assert not any(s.done() for s in streams + openai_streams), "streams finished before SIGTERM"
             launcher.send_signal(signal.SIGTERM)
             time.sleep(0.5)
-            # admission is closed while draining: the front is unloaded, the server answers (a dead
+            # admission is closed while draining: the front refuses by state, the server answers (a dead
             # one would fail the connection instead)
-            with pytest.raises(InferenceServerException, match="'tokenrouter' has no available versions"):
+            with pytest.raises(InferenceServerException, match="the server is shutting down; try again"):
                 grpc_stream(url, inputs(text_input="x", max_tokens=2), timeout_s=30)
             with pytest.raises(openai.APIConnectionError):  # the OpenAI server takes no new connection
                 _openai_stream(launcher.openai_port, 9)
@@ -95,8 +106,9 @@ def test_sigterm_after_traffic_stops_in_seconds_while_clients_stay_connected(tmp
     TensorRT-LLM's clients and load generators do) and one HTTP keep-alive connection idles. Triton
     2.51 keeps a front referenced by every open stream whose first request went to it, so its unload
     never finished: the drain timed out after 30 s and tritonserver then waited out its exit timeout
-    for the idle clients (48-50 s in all). Now the drain ends when the entry holds no request, and
-    tritonserver is given a short exit timeout."""
+    for the idle clients (48-50 s in all). Now no front is unloaded: the drain ends when the fronts
+    answer that none is in flight and the entry holds no request, and tritonserver is given a short
+    exit timeout."""
     launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"))
     url = f"127.0.0.1:{ports.grpc}"
     streams = [GrpcStream(url) for _ in range(IDLE_CLIENTS)]

@@ -3,6 +3,8 @@ stub of that start, another for the next start; a call without it or with anothe
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
 import subprocess
 import sys
@@ -11,8 +13,10 @@ from pathlib import Path
 from tokenrouter.serving.peer_auth import carries_secret, peer_parameters, secret_path, server_secret
 
 
-STUB = ("from pathlib import Path; from tokenrouter.serving.peer_auth import server_secret; "
-        "print(server_secret(folder=Path({!r})))")
+# a stand-in for a stub: reads the secret, then starts a process of its own (an engine's worker, a tool a
+# library runs), which inherits its environment; prints the secret and that process's pid
+STUB = ("import subprocess; from pathlib import Path; from tokenrouter.serving.peer_auth import server_secret; "
+        "secret = server_secret(folder=Path({!r})); print(secret); print(subprocess.Popen(['sleep', '30']).pid)")
 # a stand-in for tritonserver: starts a "stub" that prints the secret it reads, then stays up
 SERVER = ("import subprocess, sys, time; print(subprocess.run([sys.executable, '-c', sys.argv[1]], "
           "capture_output=True, text=True, check=True).stdout, flush=True); time.sleep(60)")
@@ -30,7 +34,11 @@ def test_the_launcher_and_the_stubs_of_one_start_share_one_secret_in_a_private_f
         assert server.stdout.readline().strip() == made and len(made) >= 40
         path = secret_path(server.pid, folder)
         assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(folder.stat().st_mode) == 0o700
-        assert made not in Path(f"/proc/{server.pid}/environ").read_bytes().decode(errors="replace")
+        worker = int(server.stdout.readline())  # started by the stub after it had the secret
+        try:
+            assert made.encode() not in Path(f"/proc/{worker}/environ").read_bytes()
+        finally:
+            os.kill(worker, signal.SIGKILL)
     finally:
         server.kill()
         server.wait()

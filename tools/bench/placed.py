@@ -39,7 +39,8 @@ def on_loopback(config: TokenRouterConfig, ports: dict[str, Ports], delay_ms: fl
 
 
 def share_a_pair_secret() -> None:
-    """The servers started from this process inherit its environment: give them a secret if it has none."""
+    """Give the servers started from this process a secret if it has none: each server's start moves it into
+    a private file of its own and names that file in tritonserver's environment (TritonServer.start)."""
     if not os.environ.get(PAIR_SECRET_FILE_ENV) and not os.environ.get(PAIR_SECRET_ENV):
         os.environ[PAIR_SECRET_ENV] = secrets.token_urlsafe(32)
 

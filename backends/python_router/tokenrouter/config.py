@@ -232,18 +232,6 @@ class TransportSpec(_Strict):
                                "end with an error and the entry refuses new ones until it is back")
     delay_ms: float = Field(0.0, ge=0, description="added to every peer message before it is sent (measurements "
                                                    "and tests: a network's latency on loopback)")
-    tls_root_certificates: str | None = Field(None, description="PEM file of the CA that signed the peers' "
-                                                               "certificates; set: peers are reached over TLS")
-    tls_private_key: str | None = Field(None, description="PEM key of this node's client certificate (mutual TLS)")
-    tls_certificate_chain: str | None = Field(None, description="PEM chain of this node's client certificate")
-
-    @model_validator(mode="after")
-    def _tls(self) -> "TransportSpec":
-        if (self.tls_private_key is None) != (self.tls_certificate_chain is None):
-            raise ValueError("tls_private_key and tls_certificate_chain go together (a client certificate)")
-        if self.tls_private_key is not None and self.tls_root_certificates is None:
-            raise ValueError("a client certificate needs tls_root_certificates (TLS to the peers)")
-        return self
 
 
 class TokenRouterConfig(_Strict):
@@ -330,11 +318,6 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
     policy = raw.get("policy")
     if isinstance(policy, dict) and policy.get("weights"):
         policy["weights"] = fix(policy["weights"])
-    transport = raw.get("transport")
-    if isinstance(transport, dict):
-        for key in ("tls_root_certificates", "tls_private_key", "tls_certificate_chain"):
-            if transport.get(key):
-                transport[key] = fix(transport[key])
     return raw
 
 

@@ -3,7 +3,8 @@
 Beside Triton it starts the OpenAI-compatible server (tokenrouter.openai_server, port 9000;
 --no-openai: not). While it runs, a dead tritonserver, Python stub or OpenAI server is restarted
 (supervisor.py); SIGTERM/Ctrl-C refuses new requests and drains those in flight (--drain-timeout),
-on both servers, before stopping.
+on both servers, before stopping. SIGHUP applies edits of the repository's config.pbtxt files: the
+same drain, then tritonserver starts again (no client can load or unload a model: triton_server.py).
 
     tokenrouter serve                         the real Qwen2.5-Coder pair (fetched and converted once)
     tokenrouter serve --tiny                  a tiny random pair, ready in seconds
@@ -23,15 +24,15 @@ import sys
 from pathlib import Path
 
 from tokenrouter.config import ConfigError, TokenRouterConfig, load_config
-from tokenrouter.serving.pair_secret import PairSecretError, move_secret_to_file, pair_secret
-from tokenrouter.serving.repository import read_repository, render_repository, served_models
+from tokenrouter.serving.pair_secret import PairSecretError, pair_secret
+from tokenrouter.serving.repository import CORE_MODEL, read_repository, render_repository, served_models
 
 from .openai_process import DEFAULT_PORT as OPENAI_PORT
 from .openai_process import API_KEY_ENV, OpenAIServer
 from .paths import model_repository_dir, runtime_dir, shipped_config
 from .supervisor import Supervisor
 from .triton_server import (
-    ADMIN_HEADER, BACKEND_MODEL_FILE, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
+    BACKEND_MODEL_FILE, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
 )
 
 RUNTIME = runtime_dir()
@@ -136,16 +137,6 @@ def _remove_stale_runtime_dirs() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def write_admin_key(server: TritonServer, folder: Path) -> Path:
-    """The key of the restricted APIs, readable by this user only, for an operator's reload
-    (docs/deploy.md); removed with the folder when the launcher stops."""
-    path = folder / "admin-key"
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(server.admin_key)
-    return path
-
-
 def _raise_stop(signum: int, _frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
@@ -170,8 +161,8 @@ def _needs_pair_secret(repository: Path) -> bool:
 
 
 def _ignore_stop_signals() -> None:
-    """A second Ctrl-C must not cut the drain or the shutdown short."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    """A second Ctrl-C (or a reload) must not cut the drain or the shutdown short."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
 
 
@@ -186,8 +177,7 @@ def run(args: argparse.Namespace) -> int:
         _remove_stale_runtime_dirs()
         backend_dir = build_backend_dir(install, RUNTIME / f"serve-{os.getpid()}" / "backends", model_file)
         if _needs_pair_secret(repository):
-            pair_secret()  # here, not in a stub's load: the message says how to give it
-            move_secret_to_file(backend_dir.parent)
+            pair_secret()  # here, not in a stub's load: the message says how to give it (start() moves it)
     except (ConfigError, TritonError, PairSecretError) as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)
         return 2
@@ -202,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenrouter serve: {line}", file=sys.stderr)
 
     entry, fronts = _served_models(repository)  # read once: the ready line, the supervisor and the drain
-    key_file = write_admin_key(server, backend_dir.parent)
+    # the models clients call: the fronts and TensorRT-LLM's core model; a drain or an ending tells each
+    doors = [*fronts, CORE_MODEL] if fronts else []
     # an OpenAI API needs TokenRouter's fronts; it drains a little longer than Triton, whose errors it relays
     api = None if args.no_openai or not fronts else OpenAIServer(
         repository, server.grpc_url, host=args.host, port=args.openai_port, api_key=args.api_key,
@@ -218,12 +209,14 @@ def run(args: argparse.Namespace) -> int:
         if api is not None:
             announce(f"OpenAI API: {api.url}/v1 (models {', '.join(fronts)}; "
                      f"{'Authorization: Bearer <key> required' if args.api_key else 'no API key'})")
-        announce(f"the repository API (load, unload, index) needs the header {ADMIN_HEADER} with the key in {key_file}")
+        announce(f"to apply an edit of a config.pbtxt: kill -HUP {os.getpid()} (drains, then restarts tritonserver)")
         announce(f"started in {server.start_times.summary()}")
         if _needs_pair_secret(repository):
             announce(f"this node runs {', '.join(served_models(repository))} of a deployment over several servers; "
                      f"it is whole while tokenrouter_peer_connected is 1 for every peer (metrics port)")
-        supervisor = Supervisor(server, entry, fronts, args.ready_timeout, announce, openai=api)
+        supervisor = Supervisor(server, entry, doors, args.ready_timeout, announce, openai=api,
+                                drain_timeout_s=args.drain_timeout)
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda _signum, _frame: supervisor.request_reload())
         try:
             supervisor.run_forever()
         finally:
@@ -234,12 +227,14 @@ def run(args: argparse.Namespace) -> int:
         _ignore_stop_signals()
         if api is not None:
             api.signal_stop()  # takes no new connection; its requests in flight drain with Triton's
-        if not server.drain(fronts, args.drain_timeout, entry):
+        if not server.drain(doors, args.drain_timeout, entry):
             reason = f"the server is shutting down; the request did not finish within {args.drain_timeout:g} s"
             print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
+            for door in doors:  # their clients, also those whose request has not reached the entry
+                server.end_in_flight(door, reason, subserver=False)
             if entry is not None:
                 server.end_in_flight(entry, reason)
-            server.drain(fronts, ENDING_GRACE_S, entry)  # their errors reach the clients through the fronts
+            server.drain(doors, ENDING_GRACE_S, entry)  # their errors reach the clients through the fronts
         else:
             print("tokenrouter serve: drained", file=sys.stderr)
         if api is not None:

@@ -7,6 +7,9 @@ finishes (seen here; docs/reliability.md). So the launcher watches the stub proc
 and, when one dies, ends the requests in flight with a clear error (through the entry model,
 when that one is still alive) and restarts the whole server on the same ports.
 
+An operator's reload (a config edit to apply: SIGHUP to the launcher, serve.py) is a restart too,
+drained first: the fronts refuse new requests and those in flight finish (triton_server.py, drain).
+
 It never gives up on a repository that served once: restarts that come too often (a crash loop)
 and restarts that fail are spaced by a growing delay, each one said in the log, and tried again.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
+import threading
 from typing import Callable
 
 from .openai_process import OpenAIServer
@@ -23,12 +27,7 @@ from .triton_server import TritonError, TritonServer, process_alive
 
 WATCH_PERIOD_S = 0.25
 OPENAI_SERVER = "<the OpenAI server>"  # what _watch names when that process died
-# Every STATES_PERIOD_S the models' states are read too: a model that is neither READY nor LOADING (an
-# operator's reload, which may take minutes) for NOT_READY_S is a fault. An unload that cannot finish
-# leaves its model UNLOADING, its stub alive and the server not ready for as long as a client keeps a
-# gRPC stream open to it (Triton 2.51 holds the model for each such stream; triton_server.py, drain),
-# which nothing else would notice.
-STATES_PERIOD_S, NOT_READY_S = 2.0, 10.0
+RELOAD = "<a reload>"  # what _watch names when an operator asked for one
 # For the errors of the requests in flight to reach their clients before the server is killed: the
 # fronts have sent them when their control call returns, Triton's gRPC frontend writes them later.
 # 0.5 s lost one stream's error ("Socket closed" instead) in 1 of 10 fault-test runs at load 3.
@@ -42,16 +41,21 @@ BACKOFF_FIRST_S, BACKOFF_MAX_S = 1.0, 15.0
 
 class Supervisor:
     def __init__(self, server: TritonServer, entry: str | None, fronts: list[str], ready_timeout_s: float,
-                 say: Callable[[str], None], openai: OpenAIServer | None = None) -> None:
+                 say: Callable[[str], None], openai: OpenAIServer | None = None, drain_timeout_s: float = 30.0) -> None:
         """``server``: started and ready; the models that have a Python stub now must have one
         after every restart. ``entry``: the entry subserver, ``fronts`` the front models (None and []:
         not a TokenRouter repository, nothing to end by hand). ``openai``: the OpenAI server, started
-        and ready (None: none)."""
+        and ready (None: none). ``drain_timeout_s``: what a reload gives the requests in flight."""
         self.server, self._entry, self._fronts = server, entry, fronts
-        self._ready_timeout_s, self._say = ready_timeout_s, say
+        self._ready_timeout_s, self._say, self._drain_timeout_s = ready_timeout_s, say, drain_timeout_s
         self.openai = openai
         self._models = frozenset(server.ready_stubs)
         self._restarts: deque[float] = deque()
+        self._reload = threading.Event()
+
+    def request_reload(self) -> None:
+        """Drain and restart the server, which reads its repository again (safe in a signal handler)."""
+        self._reload.set()
 
     def run_forever(self) -> None:
         """Watch and restart until interrupted (by the caller's signal handler)."""
@@ -59,6 +63,8 @@ class Supervisor:
             cause, dead = self._watch()
             if dead == [OPENAI_SERVER]:
                 self._restart_openai(cause)
+            elif dead == [RELOAD]:
+                self._reload_server()
             else:
                 self._restart(cause, dead)
 
@@ -66,10 +72,8 @@ class Supervisor:
         """Block until something is wrong; returns what, and which models lost their stub."""
         stubs = dict(self.server.ready_stubs)  # this server's: a restart made new processes
         missing = sorted(self._models - set(stubs))
-        if missing:  # e.g. an unload that landed while the server was starting
+        if missing:
             return f"model {', '.join(missing)} has no Python stub (not loaded)", missing
-        not_ready: dict[str, float] = {}  # model -> since when it is seen not READY
-        states_read = time.monotonic()
         while True:
             time.sleep(WATCH_PERIOD_S)
             code = self.server.process.poll()
@@ -77,36 +81,25 @@ class Supervisor:
                 return f"tritonserver exited with code {code}", list(stubs)
             if self.openai is not None and not self.openai.alive():
                 return f"the OpenAI server exited with code {self.openai.process.returncode}", [OPENAI_SERVER]
-            if time.monotonic() - states_read >= STATES_PERIOD_S:
-                states_read = time.monotonic()
-                stuck = self._not_ready_for_long(not_ready)
-                if stuck:
-                    return f"model {', '.join(stuck)} is not ready (an unload that cannot finish?)", stuck
+            if self._reload.is_set():
+                return "a reload was asked for", [RELOAD]
             dead = sorted(model for model, pid in stubs.items() if not process_alive(pid))
-            if not dead:
-                continue
-            # An operator's reload (the repository API, with the admin key) starts the new stub
-            # before it ends the old one: that model serves, watch its new process.
-            now = self.server.stubs()
-            if all(now.get(model, stubs[model]) != stubs[model] for model in dead):
-                stubs.update({model: now[model] for model in dead})
-                self._say(f"model {', '.join(dead)} was reloaded: watching its new stub")
-                continue
-            return f"the Python stub of model {', '.join(dead)} died", dead
+            if dead:
+                return f"the Python stub of model {', '.join(dead)} died", dead
 
-    def _not_ready_for_long(self, not_ready: dict[str, float]) -> list[str]:
-        """The watched models that the index has shown neither READY nor LOADING for NOT_READY_S (``not_ready``:
-        since when each was seen so, kept by the caller); an index that cannot be read says nothing."""
-        states = self.server.model_states()
-        if not states:
-            return []
-        now = time.monotonic()
-        for model in self._models:
-            if states.get(model) in ("READY", "LOADING"):
-                not_ready.pop(model, None)
-            else:
-                not_ready.setdefault(model, now)
-        return sorted(model for model, since in not_ready.items() if now - since >= NOT_READY_S)
+    def _reload_server(self) -> None:
+        """Drain (new requests refused with a reason that says to retry, those in flight finish, the
+        rest end with that reason at the deadline), then start the server again: it reads the
+        repository's configs as they are now."""
+        self._reload.clear()
+        reason = "the server is restarting to apply a configuration change; try again in a moment"
+        self._say(f"reload: refusing new requests, draining those in flight (up to {self._drain_timeout_s:g} s)")
+        if not self.server.drain(self._fronts, self._drain_timeout_s, self._entry, reason):
+            self._say("reload: the drain timed out; ending the requests still in flight")
+            if self._end_in_flight(reason, []):
+                time.sleep(ERRORS_GRACE_S)
+        self.server.stop()
+        self._start_again(0.0)
 
     def _restart(self, cause: str, dead: list[str]) -> None:
         delay = self._next_delay_s()
@@ -117,6 +110,10 @@ class Supervisor:
         # Killed at once: the requests the entry could not end (it died, or the server did) see the
         # connection close now rather than after a graceful shutdown, and the restart starts sooner.
         self.server.stop(grace_s=0.0)
+        self._start_again(delay)
+
+    def _start_again(self, delay: float) -> None:
+        """A new server process with the same settings and ports, tried until one is ready."""
         while True:
             time.sleep(delay)
             self.server = dataclasses.replace(self.server)  # same settings and ports, a new process
@@ -160,5 +157,12 @@ class Supervisor:
         self._restarts.append(now)
         while self._restarts[0] < now - RESTART_WINDOW_S:
             self._restarts.popleft()
-        over = len(self._restarts) - FREE_RESTARTS
-        return 0.0 if over <= 0 else min(BACKOFF_FIRST_S * 2 ** (over - 1), BACKOFF_MAX_S)
+        return backoff_s(len(self._restarts))
+
+
+def backoff_s(restarts_in_window: int) -> float:
+    """The wait before a restart, given how many restarts (this one included) fell within
+    RESTART_WINDOW_S: none for the first FREE_RESTARTS, then doubling up to BACKOFF_MAX_S, never
+    a refusal (the launcher never gives up)."""
+    over = restarts_in_window - FREE_RESTARTS
+    return 0.0 if over <= 0 else min(BACKOFF_FIRST_S * 2.0 ** min(over - 1, 32), BACKOFF_MAX_S)  # no overflow

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -30,7 +29,9 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from tokenrouter.procfs import proc_stat
-from tokenrouter.serving.peer_auth import control_parameters, new_secret, secret_path, server_secret
+from tokenrouter.openai_server.app import API_KEY_ENV
+from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, move_secret_to_file
+from tokenrouter.serving.peer_auth import control_parameters, private_folder, secret_path, server_secret
 from tokenrouter.serving.schema import PEER_INPUT
 
 from .paths import backend_model_file
@@ -49,17 +50,20 @@ class StartAborted(TritonError):
     ``boost::interprocess::lock_exception`` in its Python backend aborts the start (SIGABRT)."""
 
 
-# Triton's APIs that no client may use: model-repository is load (with files: code), unload and the
-# index; trace and logging change server-wide settings. Inference, health, metadata, model-config,
-# statistics and shared-memory stay open (TensorRT-LLM's clients and perf_analyzer read them).
-RESTRICTED_APIS = "model-repository,trace,logging"
-ADMIN_HEADER = "tokenrouter-admin-key"
+# No client may load a model (with files: code that would run in the server), unload one or reload it:
+# model control "none" refuses every such call (Triton 2.51: "explicit model load / unload is not
+# allowed"), with no key to steal. A restricted API would need a key on tritonserver's command line,
+# which /proc/<pid>/cmdline shows to every local user. A config edit applies by a restart that the
+# launcher drains (SIGHUP: serve.py).
+MODEL_CONTROL = "--model-control-mode=none"
 
 START_ATTEMPTS = 3  # a start that aborts is tried again this many times in all
 # The entry subserver's gauges of the requests it holds, and how long they must read 0 for a drain
 # to be over (the metrics refresh every 0.5 s)
 HELD_GAUGES = ("tokenrouter_active_requests", "tokenrouter_queue_depth")
 IDLE_S = 1.0
+CALL_TIMEOUT_S = 5.0  # one control call or metrics read; one that takes longer says nothing
+DRAIN_POLL_S = 0.2
 
 
 def check_numpy_for_wheel_stub() -> None:
@@ -165,6 +169,11 @@ def build_backend_dir(install: TritonInstall, dest: Path, model_file: Path | Non
     return dest
 
 
+# Secrets that the launcher's environment may hold and tritonserver's must not: the OpenAI API key (the
+# OpenAI server's alone) and the pair secret (moved into a file first: TritonServer.start)
+SECRET_ENVS = (API_KEY_ENV, PAIR_SECRET_ENV)
+
+
 def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for tritonserver and its stubs.
 
@@ -187,6 +196,8 @@ def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> di
     if lib_dirs:
         env["LD_LIBRARY_PATH"] = os.pathsep.join([*lib_dirs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
     env.pop("PYTHONHOME", None)  # would point the embedded interpreter at another installation
+    for name in SECRET_ENVS:  # whatever a stub starts inherits them; /proc/<pid>/environ shows them
+        env.pop(name, None)
     return env
 
 
@@ -224,10 +235,7 @@ class TritonServer:
     process: subprocess.Popen[str] | None = field(default=None, init=False)
     peer_secret: str = field(default="", init=False, repr=False)
     _secret_file: Path | None = field(default=None, init=False, repr=False)
-    # Held by the launcher only: Triton refuses the repository API (load, unload, index), trace and
-    # logging to any request without it (--http-restricted-api / --grpc-restricted-protocol), so no
-    # client can load code into the server or unload a model. Kept across restarts (replace copies it).
-    admin_key: str = field(default_factory=new_secret, repr=False)
+    _pair_file: Path | None = field(default=None, init=False, repr=False)  # the pair secret, moved from the env
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=60), init=False)
     # model -> stub pid, read the moment the server turned ready: what a supervisor must watch (read
     # later, a stub that died in between would be missing from the list and never noticed)
@@ -246,13 +254,8 @@ class TritonServer:
             f"--http-port={self.ports.http}",
             f"--grpc-port={self.ports.grpc}",
             f"--metrics-port={self.ports.metrics}",
-            # explicit + load all: everything loads at start and the repository API can reload a
-            # model after its config.pbtxt was edited
-            "--model-control-mode=explicit",
-            "--load-model=*",
+            MODEL_CONTROL,  # every model loads at start; nothing loads or unloads later
             f"--exit-timeout-secs={self.exit_timeout_s}",
-            f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
-            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
         ]
         if self.host is not None:
             args += [f"--http-address={self.host}", f"--grpc-address={self.host}", f"--metrics-address={self.host}"]
@@ -271,9 +274,13 @@ class TritonServer:
             raise TritonError("server already started")
         remove_stale_shm_regions()
         self.start_times = StartTimes()
+        env = dict(os.environ)
+        pair_file = private_folder() / f"pair-secret-{os.getpid()}-{id(self)}"
+        self._pair_file = pair_file if move_secret_to_file(env, pair_file) else None
+        env = server_env(self.install, env)
         self.process = subprocess.Popen(
             self.command(),
-            env=server_env(self.install),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -352,49 +359,40 @@ class TritonServer:
         """Model name -> pid of its Python-backend stub."""
         return stub_pids(self.process.pid)
 
-    def drain(self, models: list[str], timeout_s: float, entry: str | None = None) -> bool:
-        """Stop admitting requests to ``models`` (the fronts) and wait up to ``timeout_s`` for their
-        in-flight ones.
+    def drain(self, fronts: list[str], timeout_s: float, entry: str | None = None,
+              reason: str = "the server is shutting down; try again") -> bool:
+        """Refuse new requests at the ``fronts`` and wait up to ``timeout_s`` for those in flight.
 
         Triton's own SIGTERM drain does not hold for requests that make new internal requests (a
-        front's call to the entry subserver, each handoff is a BLS call): those are refused as
-        soon as the server stops, so streams failed with "Server not ready". So the fronts are
-        unloaded first: Triton refuses new requests to them at once and finishes an unload only
-        when the model's last in-flight request is done, with every other model still up.
-
-        But a model is also held by every client gRPC stream whose first request went to it, until
-        the client closes that stream (Triton 2.51 keeps that request's state for the stream's
-        cancellation notice, stream_infer_handler.cc), so the unload of a front that clients keep
-        idle streams to never finishes, however long ago their last answer came. So, given the
-        ``entry`` subserver, which every front request goes through, the drain is also over once it
-        holds no request on two reads of its metrics IDLE_S apart.
-        Returns True when all drained in time.
-        """
-        try:
-            for model in models:
-                self._post(f"/v2/repository/models/{model}/unload")
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+        front's call to the entry subserver, each handoff is a BLS call): those are refused as soon
+        as the server stops. Unloading the fronts does not hold either: Triton 2.51 keeps a model
+        for every client gRPC stream whose first request went to it, until the client closes the
+        stream (stream_infer_handler.cc), so such an unload never finishes. So each front is told
+        to drain (an authenticated control call): it refuses new requests with ``reason`` and
+        answers whether any is still in flight. Done when every front answered none and the
+        ``entry`` subserver (which clients may call directly) held no request on two reads of its
+        metrics IDLE_S apart. A call that fails or stalls says nothing: the drain goes on until its
+        deadline, never ends early. Returns True when all drained in time."""
         deadline = time.monotonic() + timeout_s
         idle_since = None
-        while time.monotonic() < deadline:
-            if all(self.model_state(model) not in ("READY", "UNLOADING") for model in models):
-                return True
-            if entry is not None and self.requests_held(entry) == 0:
+        while True:
+            fronts_idle = all([self._control(front, "drain", reason) for front in fronts])  # each one is told
+            if fronts_idle and (entry is None or self.requests_held(entry) == 0):
                 idle_since = idle_since or time.monotonic()
-                if time.monotonic() - idle_since >= IDLE_S:
+                if time.monotonic() - idle_since >= IDLE_S or entry is None:
                     return True
             else:
                 idle_since = None
-            time.sleep(0.2)
-        return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(DRAIN_POLL_S)
 
     def requests_held(self, subserver: str) -> float | None:
         """Requests that ``subserver`` holds, active or waiting for admission, from its metrics
         (refreshed twice a second); None when they cannot be read."""
         try:
             with urllib.request.urlopen(f"http://{self.host or '127.0.0.1'}:{self.ports.metrics}/metrics",
-                                        timeout=5) as reply:
+                                        timeout=CALL_TIMEOUT_S) as reply:
                 page = reply.read().decode()
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return None
@@ -404,9 +402,14 @@ class TritonServer:
 
     def end_in_flight(self, model: str, reason: str, *, subserver: bool = True) -> bool:
         """Tell ``model`` to end every request in flight with an error saying ``reason``: the entry
-        subserver (``subserver``), whose control calls travel as a ``peer_message``, or a front, which
-        reads the control parameters before any input (Triton refuses a request with none: one is
-        sent). An authenticated control call (serving/peer_auth.py); returns whether it was taken."""
+        subserver (``subserver``) or a front. Returns whether it was taken."""
+        return self._control(model, "shutdown", reason, subserver=subserver)
+
+    def _control(self, model: str, command: str, reason: str, *, subserver: bool = False) -> bool:
+        """An authenticated control call (serving/peer_auth.py) to ``model``: the entry subserver
+        (``subserver``), whose control calls travel as a ``peer_message``, or a front, which reads
+        the control parameters before any input (Triton refuses a request with none: one is sent).
+        Whether it answered without an error within CALL_TIMEOUT_S."""
         import queue
 
         import numpy as np
@@ -417,39 +420,19 @@ class TritonServer:
         payload = grpcclient.InferInput(name, [1, 1], datatype)
         payload.set_data_from_numpy(value)
         answers: queue.Queue = queue.Queue()
+        client = None
         try:
-            with grpcclient.InferenceServerClient(self.grpc_url) as client:
-                client.start_stream(callback=lambda result, error: answers.put(error))
-                client.async_stream_infer(model, [payload], enable_empty_final_response=True,
-                                          parameters=control_parameters(self.peer_secret, "shutdown", reason))
-                taken = answers.get(timeout=10) is None
-                client.stop_stream()
-                return taken
-        except Exception:  # noqa: BLE001 - the server may be gone already; stopping goes on
+            client = grpcclient.InferenceServerClient(self.grpc_url)
+            client.start_stream(callback=lambda result, error: answers.put(error))
+            client.async_stream_infer(model, [payload], enable_empty_final_response=True,
+                                      parameters=control_parameters(self.peer_secret, command, reason))
+            return answers.get(timeout=CALL_TIMEOUT_S) is None
+        except Exception:  # noqa: BLE001 - the server may be gone or stalled; the caller goes on
             return False
-
-    def model_state(self, model: str) -> str | None:
-        """The repository index's state of ``model`` (READY, UNLOADING, UNAVAILABLE...), None if unknown."""
-        return self.model_states().get(model)
-
-    def model_states(self) -> dict[str, str]:
-        """model -> its state in the repository index ({} when the index cannot be read)."""
-        try:
-            index = json.loads(self._post("/v2/repository/index"))
-        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
-            return {}
-        return {entry["name"]: entry.get("state", "") for entry in index if "name" in entry}
-
-    @property
-    def admin_headers(self) -> dict[str, str]:
-        """The header that opens the restricted APIs (the operator's reload, the launcher's drain)."""
-        return {ADMIN_HEADER: self.admin_key}
-
-    def _post(self, path: str) -> str:
-        request = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST",
-                                         headers=self.admin_headers)
-        with urllib.request.urlopen(request, timeout=5) as reply:
-            return reply.read().decode()
+        finally:
+            if client is not None:  # cancelled, not closed: a stalled server would hold a close forever
+                client.stop_stream(cancel_requests=True)
+                client.close()
 
     def stop(self, grace_s: float | None = None) -> int | None:
         """SIGTERM (Triton drains in-flight requests), then SIGKILL whatever is left of the group
@@ -471,8 +454,9 @@ class TritonServer:
             pass
         for region in own_regions:  # Triton removes them on a clean exit, not when killed
             region.unlink(missing_ok=True)
-        if self._secret_file is not None:
-            self._secret_file.unlink(missing_ok=True)
+        for secret_file in (self._secret_file, self._pair_file):
+            if secret_file is not None:
+                secret_file.unlink(missing_ok=True)
         self._join_reader()
         return self.process.returncode
 

@@ -5,13 +5,13 @@ The per-start secret (peer_auth.py) stays inside one server; this one is configu
 of a deployment over several servers, the same value on each, and never on a command line:
 
 - ``TOKENROUTER_PAIR_SECRET_FILE``: a file holding it (a Docker or Kubernetes secret mounts one);
-- or ``TOKENROUTER_PAIR_SECRET``: the value itself. ``tokenrouter serve`` moves it into a private
-  file before it starts tritonserver, so that no stub and nothing a stub starts has it in its
-  environment.
+- or ``TOKENROUTER_PAIR_SECRET``: the value itself. The launcher (triton_server.py, start) moves it
+  into a private file before it starts tritonserver, so that no stub and nothing a stub starts has
+  it in its environment.
 
-A link call (peer_sessions.py) carries it as a request parameter; without it the peer refuses. Use
-TLS (``transport.tls_*``) where the network between the servers is not trusted: the secret travels
-in every call.
+A link call (peer_sessions.py) carries it as a request parameter; without it the peer refuses. It
+travels in every call in clear text: between hosts, put the servers' gRPC ports on a trusted network
+or an encrypted tunnel (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -52,17 +52,18 @@ def pair_secret() -> str:
     return secret
 
 
-def move_secret_to_file(folder: Path) -> None:
-    """For the launcher: a secret given as ``TOKENROUTER_PAIR_SECRET`` goes into a file of this user's
-    (0600) in ``folder``, and the environment that tritonserver inherits names the file instead."""
-    secret = os.environ.pop(PAIR_SECRET_ENV, None)
-    if not secret or os.environ.get(PAIR_SECRET_FILE_ENV):
-        return
-    path = folder / "pair-secret"
+def move_secret_to_file(env: dict[str, str], path: Path) -> bool:
+    """For the launcher: a secret given as ``TOKENROUTER_PAIR_SECRET`` in ``env`` (tritonserver's
+    environment, inherited by every stub) goes into ``path`` (0600, this user's) and ``env`` names the
+    file instead. Whether the file was written (the caller removes it when the server stops)."""
+    secret = env.pop(PAIR_SECRET_ENV, None)
+    if not secret or env.get(PAIR_SECRET_FILE_ENV):
+        return False
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as out:
         out.write(secret)
-    os.environ[PAIR_SECRET_FILE_ENV] = str(path)
+    env[PAIR_SECRET_FILE_ENV] = str(path)
+    return True
 
 
 def pair_parameters(secret: str) -> dict[str, str]:

@@ -48,9 +48,7 @@ def server_secret(server_pid: int | None = None, folder: Path | None = None) -> 
     """The secret of the server start whose tritonserver is ``server_pid`` (None: this stub's
     parent); made on first use (see the module docstring)."""
     path = secret_path(os.getppid() if server_pid is None else server_pid, folder)
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    if path.parent.stat().st_uid != os.getuid() or path.parent.stat().st_mode & 0o077:
-        raise PermissionError(f"{path.parent} must belong to this user and be private (mode 0700)")
+    private_folder(path.parent)
     _remove_secrets_of_dead_servers(path.parent)
     staging = path.parent / f".{path.name}.{os.getpid()}"
     fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -63,6 +61,16 @@ def server_secret(server_pid: int | None = None, folder: Path | None = None) -> 
     finally:
         staging.unlink()
     return path.read_text()
+
+
+def private_folder(folder: Path | None = None) -> Path:
+    """This user's folder for secrets (default: under the temp dir), made 0700 if new; refused unless
+    it belongs to this user and no one else may enter it."""
+    folder = folder or Path(tempfile.gettempdir()) / f"tokenrouter-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o077:
+        raise PermissionError(f"{folder} must belong to this user and be private (mode 0700)")
+    return folder
 
 
 def secret_path(server_pid: int, folder: Path | None = None) -> Path:

@@ -14,8 +14,8 @@ A config whose models run on several servers (placement.py) renders one reposito
 node's subservers, the routing_policy model (which names the node's models in ``served_here`` and
 holds the other nodes' model specs in ``remote_models``), and the fronts only on the entry's node.
 
-Every setting is a string ``parameter`` in a config.pbtxt, so editing it and restarting Triton (or
-reloading the model through the repository API) takes effect: the models read their settings
+Every setting is a string ``parameter`` in a config.pbtxt, so editing it and restarting Triton (under
+``tokenrouter serve``: SIGHUP, a drained restart) takes effect: the models read their settings
 back with :func:`read_repository`. Relative paths in parameters are relative to the repository
 folder (``policy_weights``: to routing_policy/1/), so a repository and its models can move together.
 """
@@ -57,8 +57,8 @@ MAX_BATCH_SIZE = 1
 MARKER = ".tokenrouter-repository"  # marks a folder that rendering may replace wholesale
 
 HEADER = (
-    "# Rendered by `tokenrouter build-repository`. Edit `parameters` and restart Triton, or reload\n"
-    "# this model through the repository API (POST /v2/repository/models/<name>/load).\n"
+    "# Rendered by `tokenrouter build-repository`. Edit `parameters` and restart Triton (under\n"
+    "# `tokenrouter serve`: kill -HUP its pid, which drains and restarts tritonserver).\n"
     "# Relative paths are relative to the repository folder.\n"
 )
 REQUIRED_INPUTS = frozenset({"input_ids"})  # the fronts name a missing input themselves

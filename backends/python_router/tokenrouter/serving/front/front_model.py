@@ -60,6 +60,8 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.secret = server_secret()
         self.writer = FrontWriter(pb_utils, lambda keys: cancel_at_entry(pb_utils, self.entry, self.secret, keys))
+        # set by the launcher's drain call (a shutdown or a reload): new requests are refused with it
+        self.draining: str | None = None
 
     def execute(self, requests: list) -> None:
         # Also when unary: each request is answered later through its response sender, so that
@@ -75,6 +77,9 @@ class TritonPythonModel:
             self._control(sender, parameters)
             return
         coded = bool(parameters.get(ERROR_CODES_PARAMETER))
+        if self.draining is not None:
+            self.writer.reject(sender, self.draining, pb_utils.TritonError.UNAVAILABLE, coded)
+            return
         try:
             generations = self.generations({tensor.name(): tensor.as_numpy() for tensor in request.inputs()})
         except RequestError as exc:
@@ -101,14 +106,22 @@ class TritonPythonModel:
         return GenerationOutput(self.text.codec, generation)
 
     def _control(self, sender: Any, parameters: dict[str, Any]) -> None:
-        """The launcher's ``shutdown`` (with this server start's secret): end every request in flight
-        with its reason, which says to retry. Anything else naming the control parameter is refused."""
-        if not carries_secret(parameters, self.secret) or parameters[CONTROL_PARAMETER] != "shutdown":
+        """The launcher's calls (with this server start's secret), each with a reason that says to retry:
+        ``drain`` refuses every new request from now on and answers whether any is still in flight (the
+        launcher asks again until none is: Triton 2.51 cannot unload a front that clients keep streams
+        open to, so a drain is this state, not an unload); ``shutdown`` ends every request in flight.
+        Anything else naming the control parameter is refused."""
+        command = parameters[CONTROL_PARAMETER]
+        if not carries_secret(parameters, self.secret) or command not in ("drain", "shutdown"):
             self.writer.reject(sender, f"'{CONTROL_PARAMETER}' is for this server's launcher; refused",
                                pb_utils.TritonError.INVALID_ARG)
             return
         reason = str(parameters.get(REASON_PARAMETER) or "the server is shutting down")
-        self.writer.end_all(reason, pb_utils.TritonError.UNAVAILABLE, sender)
+        if command == "drain":
+            self.draining = reason
+            self.writer.answer_drained(sender)
+        else:
+            self.writer.end_all(reason, pb_utils.TritonError.UNAVAILABLE, sender)
 
     def _generate(self, client: ClientRequest, generation: Generation, key: str) -> None:
         """One generation's BLS stream from the entry, turned into the client's outputs."""

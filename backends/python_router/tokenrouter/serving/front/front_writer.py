@@ -74,6 +74,11 @@ class _EndAll:
     caller: Any  # the control call's sender, answered once the others are
 
 
+@dataclass
+class _Drained:
+    caller: Any  # the launcher's drain call: answered with whether requests are still live
+
+
 class FrontWriter:
     def __init__(self, pb_utils: Any, cancel_at_entry: Callable[[list[str]], None], *,
                  cancel_poll_s: float = CANCEL_POLL_S) -> None:
@@ -114,6 +119,11 @@ class FrontWriter:
         server is about to restart, and the entry may be the model that died); then answer ``caller``."""
         self._queue.put(_EndAll(message, code, caller))
 
+    def answer_drained(self, caller: Any) -> None:
+        """Answer the launcher's drain call: success when no request is live any more, else an
+        UNAVAILABLE error that says how many are (the launcher asks again until its deadline)."""
+        self._queue.put(_Drained(caller))
+
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=5)
@@ -139,7 +149,7 @@ class FrontWriter:
                 self._poll_cancellation()
                 last_poll = time.monotonic()
 
-    def _take(self, item: ClientRequest | _ClientOutput | _ClientError | _Stop | _EndAll) -> None:
+    def _take(self, item: ClientRequest | _ClientOutput | _ClientError | _Stop | _EndAll | _Drained) -> None:
         if isinstance(item, ClientRequest):
             self._live.add(item)
         elif isinstance(item, _Stop):
@@ -153,6 +163,10 @@ class FrontWriter:
             for request in list(self._live):
                 self._fail(request, item.message, item.code)
             self._send(item.caller, self._pb.InferenceResponse(output_tensors=[]), final=True)
+        elif isinstance(item, _Drained):
+            error = self._pb.TritonError(f"{len(self._live)} request(s) in flight",
+                                         self._pb.TritonError.UNAVAILABLE) if self._live else None
+            self._send(item.caller, self._pb.InferenceResponse(output_tensors=[], error=error), final=True)
         elif not item.request.done:
             self._fail(item.request, item.message, item.code)
             if len(item.request.keys) > 1:

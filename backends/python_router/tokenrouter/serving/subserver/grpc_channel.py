@@ -13,13 +13,11 @@ import logging
 import queue
 import struct
 import threading
-from pathlib import Path
 from typing import Callable
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from ...config import TransportSpec
 from ..schema import PEER_INPUT
 from .peer_link import Channel, OpenChannel
 
@@ -28,12 +26,11 @@ log = logging.getLogger(__name__)
 
 class TritonStream:
     def __init__(self, address: str, model: str, on_answer: Callable[[int | None, str | None], None],
-                 on_broken: Callable[[str], None], credentials: grpc.ChannelCredentials | None = None) -> None:
+                 on_broken: Callable[[str], None]) -> None:
         self._model = model
         self._closed = False
         self._requests: queue.Queue = queue.Queue()
-        self._channel = (grpc.secure_channel(address, credentials) if credentials is not None
-                         else grpc.insecure_channel(address))
+        self._channel = grpc.insecure_channel(address)  # between hosts: a tunnel's job (docs/deploy.md)
         stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._call = stub.ModelStreamInfer(iter(self._requests.get, None))
         threading.Thread(target=self._read, args=(on_answer, on_broken), name=f"stream-from-{model}",
@@ -72,18 +69,10 @@ class TritonStream:
             on_broken(reason)
 
 
-def stream_opener(address: str, model: str, transport: TransportSpec) -> OpenChannel:
-    """Opens TritonStreams to ``model`` at ``address``, over TLS when ``transport`` names a CA."""
-
-    def read(path: str | None) -> bytes | None:
-        return Path(path).read_bytes() if path else None
+def stream_opener(address: str, model: str) -> OpenChannel:
+    """Opens TritonStreams to ``model`` at ``address``."""
 
     def open_stream(on_answer: Callable[[int | None, str | None], None], on_broken: Callable[[str], None]) -> Channel:
-        credentials = None
-        if transport.tls_root_certificates:  # read at each open: a renewed certificate is picked up
-            credentials = grpc.ssl_channel_credentials(read(transport.tls_root_certificates),
-                                                       read(transport.tls_private_key),
-                                                       read(transport.tls_certificate_chain))
-        return TritonStream(address, model, on_answer, on_broken, credentials)
+        return TritonStream(address, model, on_answer, on_broken)
 
     return open_stream

@@ -136,7 +136,7 @@ class SubserverModel:
         for peer in remote:
             address = config.models[peer].server
             self._transport.add_link(PeerLink(
-                self.name, peer, address, stream_opener(address, peer, transport), secret=secret, view=view,
+                self.name, peer, address, stream_opener(address, peer), secret=secret, view=view,
                 down_after_s=transport.down_after_s, delay_s=transport.delay_ms / 1e3,
                 on_up=lambda peer: self._metrics.peer_connected(peer, True), on_down=self._on_peer_down,
                 on_failure=self._on_transport_failure, on_round_trip=self._metrics.observe_round_trip))

@@ -1,0 +1,89 @@
+"""An operator's reload under `tokenrouter serve` (SIGHUP: a config edit applies) after a burst whose
+clients left their 20 gRPC streams open, with requests still in flight: no request is lost. The
+fronts refuse new requests by state (the reason says to retry), those in flight finish whole, then
+tritonserver starts again on the same ports with the edited config. No front is unloaded: Triton 2.51
+never finishes an unload of a front that clients keep streams open to (the server used to be killed
+after 10 s, and every request in flight with it)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from e2e.test_routing_server import PROMPTS
+from e2e.test_serve import _launch, triton_pid
+from tokenrouter.client import GrpcStream, grpc_stream, http_generate, inputs
+
+OPEN_STREAMS, IN_FLIGHT, MAX_TOKENS = 20, 6, 200
+RELOAD_REASON = "the server is restarting to apply a configuration change; try again"
+
+
+def _lines(launcher) -> list[str]:
+    import threading
+
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True).start()
+    return lines
+
+
+def _wait_for(lines: list[str], text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(text in line for line in list(lines)):
+        assert time.monotonic() < deadline, f"no {text!r}:\n" + "".join(lines[-30:])
+        time.sleep(0.1)
+
+
+def test_a_reload_after_a_burst_with_twenty_open_streams_loses_no_request_and_applies_the_edit(tmp_path: Path):
+    repository = tmp_path / "repo"
+    launcher, ports = _launch("--tiny", "--model-repository", str(repository), "--drain-timeout=120")
+    lines = _lines(launcher)
+    url = f"127.0.0.1:{ports.grpc}"
+    streams = [GrpcStream(url) for _ in range(OPEN_STREAMS)]
+    try:
+        old_server = triton_pid(launcher.pid)
+        for i, stream in enumerate(streams):  # the burst: answered, and its streams stay open
+            stream.send(inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True, max_tokens=8, min_tokens=8))
+        for stream in streams:
+            assert sum(reply["output_ids"].size for reply in stream.replies(timeout_s=120)) == 8
+        config = repository / "tokenrouter" / "config.pbtxt"  # the edit: at most 2 sequences per request
+        edited = config.read_text().replace('key: "max_return_sequences"\n  value {\n    string_value: "16"',
+                                            'key: "max_return_sequences"\n  value {\n    string_value: "2"')
+        assert edited != config.read_text()
+        config.write_text(edited)
+        with concurrent.futures.ThreadPoolExecutor(IN_FLIGHT) as pool:
+            flying = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
+                                                           max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS,
+                                                           random_seed=i), timeout_s=300)
+                      for i in range(IN_FLIGHT)]
+            time.sleep(1.0)
+            assert not any(f.done() for f in flying), "requests finished before the reload"
+            launcher.send_signal(signal.SIGHUP)
+            _wait_for(lines, "reload: refusing new requests", 30)
+            time.sleep(0.5)
+            with pytest.raises(InferenceServerException, match=RELOAD_REASON):
+                grpc_stream(url, inputs(text_input="x", max_tokens=2), timeout_s=30)
+            for request in flying:  # every one finished whole: none cut by the reload
+                responses = request.result(timeout=300)
+                reason = responses[-1]["finish_reason"].reshape(-1)[0]
+                assert (reason, sum(r["output_ids"].size for r in responses)) == (b"length", MAX_TOKENS)
+        _wait_for(lines, "ready again", 300)
+        assert not any("drain timed out" in line for line in lines), "".join(lines[-30:])
+        assert triton_pid(launcher.pid) != old_server
+        reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": PROMPTS[0], "max_tokens": 4})
+        assert len(reply["output_ids"]) == 4
+        with pytest.raises(InferenceServerException, match="over the limit of 2"):  # the edit applied
+            grpc_stream(url, inputs(text_input=PROMPTS[0], stream=True, max_tokens=4, num_return_sequences=3))
+    finally:
+        for stream in streams:
+            stream.close()
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            launcher.wait(timeout=120)
+        except Exception:
+            launcher.kill()
+            launcher.wait()
