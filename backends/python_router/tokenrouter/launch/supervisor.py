@@ -18,11 +18,12 @@ import time
 from collections import deque
 from typing import Callable
 
+from .exits import ProcessExits
 from .openai_process import OpenAIServer
-from .triton_server import TritonError, TritonServer, process_alive
+from .triton_server import TritonError, TritonServer
 
-WATCH_PERIOD_S = 0.25
-OPENAI_SERVER = "<the OpenAI server>"  # what _watch names when that process died
+# what _watch names when that process died (no model has such a name)
+OPENAI_SERVER, TRITONSERVER = "<the OpenAI server>", "<tritonserver>"
 # Every STATES_PERIOD_S the models' states are read too: a model that is neither READY nor LOADING (an
 # operator's reload, which may take minutes) for NOT_READY_S is a fault. An unload that cannot finish
 # leaves its model UNLOADING, its stub alive and the server not ready for as long as a client keeps a
@@ -63,36 +64,42 @@ class Supervisor:
                 self._restart(cause, dead)
 
     def _watch(self) -> tuple[str, list[str]]:
-        """Block until something is wrong; returns what, and which models lost their stub."""
+        """Block until something is wrong; returns what, and which models lost their stub. A death is
+        seen the moment it happens (a pidfd per process), and the server stops reporting ready at once."""
         stubs = dict(self.server.ready_stubs)  # this server's: a restart made new processes
         missing = sorted(self._models - set(stubs))
         if missing:  # e.g. an unload that landed while the server was starting
             return f"model {', '.join(missing)} has no Python stub (not loaded)", missing
         not_ready: dict[str, float] = {}  # model -> since when it is seen not READY
         states_read = time.monotonic()
-        while True:
-            time.sleep(WATCH_PERIOD_S)
-            code = self.server.process.poll()
-            if code is not None:
-                return f"tritonserver exited with code {code}", list(stubs)
-            if self.openai is not None and not self.openai.alive():
-                return f"the OpenAI server exited with code {self.openai.process.returncode}", [OPENAI_SERVER]
-            if time.monotonic() - states_read >= STATES_PERIOD_S:
-                states_read = time.monotonic()
-                stuck = self._not_ready_for_long(not_ready)
-                if stuck:
-                    return f"model {', '.join(stuck)} is not ready (an unload that cannot finish?)", stuck
-            dead = sorted(model for model, pid in stubs.items() if not process_alive(pid))
-            if not dead:
-                continue
-            # An operator's reload (the repository API, with the admin key) starts the new stub
-            # before it ends the old one: that model serves, watch its new process.
-            now = self.server.stubs()
-            if all(now.get(model, stubs[model]) != stubs[model] for model in dead):
-                stubs.update({model: now[model] for model in dead})
-                self._say(f"model {', '.join(dead)} was reloaded: watching its new stub")
-                continue
-            return f"the Python stub of model {', '.join(dead)} died", dead
+        watched = {**stubs, TRITONSERVER: self.server.process.pid}
+        if self.openai is not None:
+            watched[OPENAI_SERVER] = self.openai.process.pid
+        with ProcessExits(watched) as exits:
+            while True:
+                exited = exits.wait(states_read + STATES_PERIOD_S - time.monotonic())
+                if TRITONSERVER in exited:
+                    return f"tritonserver exited with code {self.server.process.wait()}", list(stubs)
+                if OPENAI_SERVER in exited:
+                    return f"the OpenAI server exited with code {self.openai.process.wait()}", [OPENAI_SERVER]
+                if not exited:
+                    states_read = time.monotonic()
+                    stuck = self._not_ready_for_long(not_ready)
+                    if stuck:
+                        return f"model {', '.join(stuck)} is not ready (an unload that cannot finish?)", stuck
+                    continue
+                dead = sorted(exited)
+                # An operator's reload (the repository API, with the admin key) starts the new stub
+                # before it ends the old one: that model serves, watch its new process.
+                now = self.server.stubs()
+                if all(now.get(model, stubs[model]) != stubs[model] for model in dead):
+                    for model in dead:
+                        stubs[model] = now[model]
+                        exits.add(model, now[model])
+                    self._say(f"model {', '.join(dead)} was reloaded: watching its new stub")
+                    continue
+                self.server.report_not_ready(dead)
+                return f"the Python stub of model {', '.join(dead)} died", dead
 
     def _not_ready_for_long(self, not_ready: dict[str, float]) -> list[str]:
         """The watched models that the index has shown neither READY nor LOADING for NOT_READY_S (``not_ready``:

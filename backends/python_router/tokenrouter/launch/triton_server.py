@@ -428,6 +428,17 @@ class TritonServer:
         except Exception:  # noqa: BLE001 - the server may be gone already; stopping goes on
             return False
 
+    def report_not_ready(self, models: list[str]) -> None:
+        """Make Triton answer not ready, for the server and for ``models``, from now on (their stubs
+        died: Triton 2.51 would go on reporting them ready). An unload turns a model UNLOADING at once,
+        and with it the server not ready (strict readiness); for a dead stub it never finishes, which
+        the restart that follows makes moot. Best effort: a server that cannot answer is not ready."""
+        for model in models:
+            try:
+                self._post(f"/v2/repository/models/{model}/unload")
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                return
+
     def model_state(self, model: str) -> str | None:
         """The repository index's state of ``model`` (READY, UNLOADING, UNAVAILABLE...), None if unknown."""
         return self.model_states().get(model)
