@@ -4,8 +4,9 @@ and the OpenAI-compatible server beside it, alone, when that one dies.
 Triton 2.51 does not bring a killed Python stub back, keeps reporting the model (and the server)
 ready, and cannot reload it either: a `load` of the model is a no-op and an `unload` never
 finishes (seen here; docs/reliability.md). So the launcher watches the stub processes itself
-and, when one dies, ends the requests in flight with a clear error (through the entry model,
-when that one is still alive) and restarts the whole server on the same ports.
+and, the moment one dies, makes the server answer not ready (an unload that never finishes does
+that), ends the requests in flight with a clear error (through the entry model, when that one is
+still alive) and restarts the whole server on the same ports.
 
 It never gives up on a repository that served once: restarts that come too often (a crash loop)
 and restarts that fail are spaced by a growing delay, each one said in the log, and tried again.
