@@ -4,8 +4,9 @@ and the OpenAI-compatible server beside it, alone, when that one dies.
 Triton 2.51 does not bring a killed Python stub back, keeps reporting the model (and the server)
 ready, and cannot reload it either: a `load` of the model is a no-op and an `unload` never
 finishes (seen here; docs/reliability.md). So the launcher watches the stub processes itself
-and, when one dies, ends the requests in flight with a clear error (through the entry model,
-when that one is still alive) and restarts the whole server on the same ports.
+and, the moment one dies (a pidfd per process, launch/exits.py), ends the requests in flight with a
+clear error (through the entry model, when that one is still alive), makes the server answer not
+ready (its shutdown begins) and restarts the whole server on the same ports.
 
 An operator's reload (a config edit to apply: SIGHUP to the launcher, serve.py) is a restart too,
 drained first: the fronts refuse new requests and those in flight finish (triton_server.py, drain).
@@ -17,17 +18,19 @@ and restarts that fail are spaced by a growing delay, each one said in the log, 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections import deque
-import threading
 from typing import Callable
 
+from .exits import ProcessExits
 from .openai_process import OpenAIServer
-from .triton_server import TritonError, TritonServer, process_alive
+from .triton_server import TritonError, TritonServer
 
-WATCH_PERIOD_S = 0.25
-OPENAI_SERVER = "<the OpenAI server>"  # what _watch names when that process died
-RELOAD = "<a reload>"  # what _watch names when an operator asked for one
+# what _watch names when that process died, or when an operator asked for a reload (no model has such a name)
+OPENAI_SERVER, TRITONSERVER, RELOAD = "<the OpenAI server>", "<tritonserver>", "<a reload>"
+# How often the watch looks at the reload flag: a SIGHUP handler only sets it (signals do not end a poll).
+RELOAD_CHECK_S = 0.25
 # For the errors of the requests in flight to reach their clients before the server is killed: the
 # fronts have sent them when their control call returns, Triton's gRPC frontend writes them later.
 # 0.5 s lost one stream's error ("Socket closed" instead) in 1 of 10 fault-test runs at load 3.
@@ -69,23 +72,26 @@ class Supervisor:
                 self._restart(cause, dead)
 
     def _watch(self) -> tuple[str, list[str]]:
-        """Block until something is wrong; returns what, and which models lost their stub."""
+        """Block until something is wrong; returns what, and which models lost their stub. A death is
+        seen the moment it happens (a pidfd per process), not at the next look."""
         stubs = dict(self.server.ready_stubs)  # this server's: a restart made new processes
         missing = sorted(self._models - set(stubs))
         if missing:
             return f"model {', '.join(missing)} has no Python stub (not loaded)", missing
-        while True:
-            time.sleep(WATCH_PERIOD_S)
-            code = self.server.process.poll()
-            if code is not None:
-                return f"tritonserver exited with code {code}", list(stubs)
-            if self.openai is not None and not self.openai.alive():
-                return f"the OpenAI server exited with code {self.openai.process.returncode}", [OPENAI_SERVER]
-            if self._reload.is_set():
-                return "a reload was asked for", [RELOAD]
-            dead = sorted(model for model, pid in stubs.items() if not process_alive(pid))
-            if dead:
-                return f"the Python stub of model {', '.join(dead)} died", dead
+        watched = {**stubs, TRITONSERVER: self.server.process.pid}
+        if self.openai is not None:
+            watched[OPENAI_SERVER] = self.openai.process.pid
+        with ProcessExits(watched) as exits:
+            while True:
+                exited = exits.wait(RELOAD_CHECK_S)
+                if TRITONSERVER in exited:
+                    return f"tritonserver exited with code {self.server.process.wait()}", list(stubs)
+                if OPENAI_SERVER in exited:
+                    return f"the OpenAI server exited with code {self.openai.process.wait()}", [OPENAI_SERVER]
+                if exited:
+                    return f"the Python stub of model {', '.join(sorted(exited))} died", sorted(exited)
+                if self._reload.is_set():
+                    return "a reload was asked for", [RELOAD]
 
     def _reload_server(self) -> None:
         """Drain (new requests refused with a reason that says to retry, those in flight finish, the
@@ -105,7 +111,9 @@ class Supervisor:
         delay = self._next_delay_s()
         when = f" in {delay:g} s ({len(self._restarts)} restarts within {RESTART_WINDOW_S:g} s)" if delay else ""
         self._say(f"{cause}; ending the requests in flight and restarting tritonserver{when}")
-        if self._end_in_flight(f"{cause}; the server is restarting, try again", dead):
+        ended = self._end_in_flight(f"{cause}; the server is restarting, try again", dead)
+        self.server.turn_not_ready()  # at once, not after the grace: clients and balancers probe readiness
+        if ended:
             time.sleep(ERRORS_GRACE_S)
         # Killed at once: the requests the entry could not end (it died, or the server did) see the
         # connection close now rather than after a graceful shutdown, and the restart starts sooner.

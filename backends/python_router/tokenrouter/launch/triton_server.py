@@ -434,6 +434,13 @@ class TritonServer:
                 client.stop_stream(cancel_requests=True)
                 client.close()
 
+    def turn_not_ready(self) -> None:
+        """From now on Triton answers not ready and begins its shutdown (SIGTERM), while the responses
+        already sent (the errors of requests just ended) still reach their clients; stop() follows.
+        Without model control nothing else makes Triton 2.51 say not ready when a stub died."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
     def stop(self, grace_s: float | None = None) -> int | None:
         """SIGTERM (Triton drains in-flight requests), then SIGKILL whatever is left of the group
         and remove the shared-memory regions that it mapped (a killed server leaves them)."""
