@@ -1,7 +1,8 @@
 """The tiny pair served by Triton with both subservers on the vLLM engine (in-process in each stub,
-the production path): served output equals the embedded runtime on vLLM engines for the same
-prompts, policy and seeds, concurrent streams route between the models, and both vLLM KV pools
-are empty afterwards."""
+the production path), the large model at tensor-parallel size 2 (two vLLM worker processes under
+its stub, one core each): served output equals the embedded runtime on one-rank vLLM engines for
+the same prompts, policy and seeds, concurrent streams route between the models, and both vLLM KV
+pools are empty afterwards."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def config(tiny_pair) -> dict:
     config = routing_config(tiny_pair)
     for spec in config["models"].values():
         spec.update(engine="vllm", dtype="float32", block_size=32, threads=1)  # as the embedded engines
+    config["models"]["llm"]["tensor_parallel_size"] = 2  # the embedded one has one rank: TP 2 = TP 1
     return config
 
 

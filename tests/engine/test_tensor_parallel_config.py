@@ -69,3 +69,20 @@ def test_gpu_ranks_are_consecutive_from_the_device():
         gpu_rank_devices("llm", spec, visible=["0", "1", "2"])
     four = spec.model_copy(update={"device": "cuda", "tensor_parallel_size": 4})
     assert gpu_rank_devices("llm", four, visible=["0", "1", "2", "3"]) == ["0", "1", "2", "3"]
+
+
+def test_the_vllm_engine_places_its_ranks_before_vllm_starts(monkeypatch):
+    from tokenrouter.engine.vllm_engine import engine_arguments, rank_environment
+
+    spec = ModelSpec(engine="vllm", path="m", tensor_parallel_size=2, cpus=[3, 1])
+    assert rank_environment("llm", spec, on_cpu=True) == {"VLLM_CPU_OMP_THREADS_BIND": "3|1"}
+    assert rank_environment("llm", spec.model_copy(update={"tensor_parallel_size": 1}), on_cpu=True) == {}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    on_gpu = spec.model_copy(update={"device": "cuda:1"})
+    assert rank_environment("llm", on_gpu, on_cpu=False) == {"CUDA_VISIBLE_DEVICES": "5,6"}
+    arguments = engine_arguments(spec, dtype="float32", on_cpu=True, max_position_embeddings=4096)
+    assert (arguments["tensor_parallel_size"], arguments["distributed_executor_backend"]) == (2, "mp")
+    assert arguments["worker_extension_cls"] == "tokenrouter.engine.vllm_capture.CaptureExtension"
+    one = engine_arguments(spec.model_copy(update={"tensor_parallel_size": 1}), dtype="float32", on_cpu=True,
+                           max_position_embeddings=4096)
+    assert (one["tensor_parallel_size"], one["distributed_executor_backend"]) == (1, "uni")

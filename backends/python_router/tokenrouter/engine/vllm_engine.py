@@ -75,6 +75,7 @@ class VLLMEngine(LengthTable, Engine):
         self._chunk_params: Any = None  # vLLM's processed SamplingParams of a one-token chunk
         self._scheduled: dict[str, int] = {}
         self.last_step_tokens: dict[SeqId, int] = {}  # tokens vLLM computed per row in the last step
+        self.last_fetch_s = 0.0  # what fetching the last step's rows from rank 0 took (benchmarks read it)
         self._sampler_logprobs = 0
         # Per row of the last step, when recording: vLLM's sampled token and its sampler's top
         # log-probabilities {token: logprob} (the device check compares them with the captured logits).
@@ -293,8 +294,10 @@ class VLLMEngine(LengthTable, Engine):
 
     def _captured_rows(self, rows: Sequence[StepRow], hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (and hidden states) of the step's rows, in the order the rows were given, from rank 0."""
+        start = time.perf_counter()
         captured = self._rank0("tokenrouter_fetch", [self._request_ids[row.seq_id] for row in rows], hidden,
                                self._across_processes)
+        self.last_fetch_s = time.perf_counter() - start
         if captured is None:
             raise RuntimeError(f"engine '{self.name}': vLLM ran no forward pass for the step")
         logits, states = captured
