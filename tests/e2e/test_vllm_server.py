@@ -12,6 +12,7 @@ import pytest
 
 from tokenrouter import TokenRouter
 from tokenrouter.config import load_config
+from tokenrouter.procfs import child_pids, proc_stat
 from tokenrouter.serving.repository import render_repository
 
 from tokenrouter.client import http_generate
@@ -41,6 +42,9 @@ def embedded(config, vllm_tiny_engines):
 
 
 def test_served_vllm_equals_embedded_vllm(server, embedded):
+    children = [proc_stat(pid) for pid in child_pids(server.stubs()["llm"])]
+    ranks = [child for child in children if child is not None and child.comm.startswith("VLLM::Worker")]
+    assert len(ranks) == 2, "the large model's stub does not run two tensor-parallel ranks"
     prompts = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(8)]
     expected = embedded.generate(prompts, max_tokens=24, seed=3)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:

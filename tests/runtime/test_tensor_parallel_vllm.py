@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ from test_oracle_vllm import run_and_compare
 
 from tokenrouter.config import load_config
 from tokenrouter.engine.base import StepRow
-from tokenrouter.procfs import proc_stat
+from tokenrouter.procfs import child_pids, proc_stat
 from tokenrouter.runtime.api import TokenRouter
 
 
@@ -137,6 +136,5 @@ def test_a_killed_rank_ends_the_models_requests_with_an_error(tiny_config, mixed
 
 def _worker_pids(engine) -> list[int]:
     """vLLM's worker processes (one per rank) under the engine's process."""
-    children = [int(pid) for pid in Path(f"/proc/{engine.pid}/task/{engine.pid}/children").read_text().split()]
-    stats = {pid: proc_stat(pid) for pid in children}
+    stats = {pid: proc_stat(pid) for pid in child_pids(engine.pid)}
     return sorted(pid for pid, stat in stats.items() if stat is not None and stat.comm.startswith("VLLM::Worker"))
