@@ -7,9 +7,11 @@ logits from rank 0, and (b) by vLLM's own continuous-batching loop on the same e
 ``LLM.generate`` runs: no fetch, no sessions), alternating a and b in each rep. ``fetch`` is the time
 our adapter spent in the rank-0 fetch per step (``last_fetch_s``), the part of the capture that vLLM's
 own step does not have; the wrap inside ``compute_logits`` (one copy of the rows' logits and hidden
-states on rank 0) runs in both loops.
+states on rank 0) runs in both loops. The adapter's steps are timed in this process, each one a call
+to the engine's process (its logits come back through shared memory); vLLM's loop runs whole in the
+engine's process: ``adapter_over_native`` includes that round trip and the sessions' work.
 
-    python -m tokenrouter_tools.bench_tensor_parallel --model engines/build/tiny/qwen3-0/large --reps 5
+    python -m tokenrouter_tools.bench_tensor_parallel --model engines/build/tiny/qwen3-seed0/large --reps 5
 """
 
 from __future__ import annotations
@@ -35,15 +37,15 @@ def adapter_run(engine: Any, prompts: list[list[int]], tokens: int) -> tuple[flo
     ids = list(range(len(prompts)))
     for i in ids:
         engine.add_sequence(i)
-    feeds, out, fetch = dict(zip(ids, prompts)), [[] for _ in ids], 0.0
-    start = time.perf_counter()
+    feeds, out, fetch, elapsed = dict(zip(ids, prompts)), [[] for _ in ids], 0.0, 0.0
     for _ in range(tokens):
+        start = time.perf_counter()
         result = engine.step([StepRow(i, feed) for i, feed in feeds.items()])
-        fetch += engine.call("last_fetch_s")  # a round trip to the engine's process, outside the step
+        elapsed += time.perf_counter() - start
+        fetch += engine.call("last_fetch_s")  # a round trip to the engine's process, not timed
         for i, token in zip(result.seq_ids, result.sampled.tolist()):
             out[i].append(token)
             feeds[i] = [token]
-    elapsed = time.perf_counter() - start
     for i in ids:
         engine.release(i)
     return elapsed / tokens, fetch / tokens, out
