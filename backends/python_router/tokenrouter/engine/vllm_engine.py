@@ -57,7 +57,7 @@ class VLLMEngine(LengthTable, Engine):
     def __init__(self, name: str, llm_engine: Any, *, eos_token_ids: frozenset[int]) -> None:
         self.name = name
         self._llm = llm_engine
-        self._core = llm_engine.engine_core.engine_core  # EngineCore, in-process (uniprocess executor)
+        self._core = llm_engine.engine_core.engine_core  # EngineCore, in-process; its executor runs the ranks
         self._scheduler = self._core.scheduler
         self._executor = self._core.model_executor
         # One rank's reply: the multiprocess executor asks only rank 0 to answer; the uniprocess
