@@ -93,10 +93,12 @@ def test_two_nodes_that_differ_are_told_which_value(tiny_pair, changes, named):
 
 
 def test_what_a_node_chooses_alone_is_not_a_difference(tiny_pair):
-    here = load_config(split(tiny_pair))
-    there = load_config(split(tiny_pair, **{"models.llm.device": "auto", "models.llm.threads": 4,
-                                            "models.llm.cpus": [1], "frontend.names": ["tokenrouter"],
-                                            "transport.delay_ms": 2.0, "chat_template": True}))
+    on_vllm = {"models.llm.engine": "vllm", "models.llm.block_size": 32}
+    here = load_config(split(tiny_pair, **on_vllm))
+    node_choices = {"models.llm.device": "auto", "models.llm.threads": 4, "models.llm.cpus": [1],
+                    "models.llm.tensor_parallel_size": 2, "frontend.names": ["tokenrouter"],
+                    "transport.delay_ms": 2.0, "chat_template": True}
+    there = load_config(split(tiny_pair, **on_vllm, **node_choices))
     assert differences(describe(here, ["slm"]), describe(there, ["llm"])) == []
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter.procfs import proc_stat
+from tokenrouter.procfs import child_pids, proc_stat
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc only")
 
@@ -62,3 +62,20 @@ def test_a_child_with_parentheses_in_its_name_through_its_end():
         child.stdout.close()
     assert proc_stat(child.pid) is None
     assert proc_stat("self-not-a-pid") is None
+
+
+def test_child_pids_sees_children_of_any_thread():
+    import threading
+
+    started: list[subprocess.Popen] = []
+    thread = threading.Thread(target=lambda: started.append(subprocess.Popen([sys.executable, "-c", "input()"],
+                                                                              stdin=subprocess.PIPE)))
+    thread.start()
+    thread.join()
+    child = started[0]
+    try:
+        assert child.pid in child_pids(os.getpid())  # started by another thread of this process
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in child_pids(os.getpid()) and child_pids(2**22 + 1) == []

@@ -13,7 +13,8 @@ Checks (each reports passed, or why it did not run):
   vLLM engine (when vllm imports): loads on the installed vLLM with the V1 runner and synchronous
     scheduling; the exact checks again, with vLLM's own counters for the resume; captured logits ==
     vLLM's sampler log-probabilities (with CUDA graphs on GPU); adapter vs vLLM's own loop at batch
-    8 and 32; TokenRouter vs the large model alone on vLLM.
+    8 and 32; TokenRouter vs the large model alone on vLLM; where two or more GPUs are visible, the
+    exact checks again with the large model at tensor-parallel size 2 (skipped, saying so, on one GPU).
 
 Needs torch, transformers and tokenizers; runs from a checkout without an install. The vLLM parts
 also need vllm (and pydantic, which vLLM brings). Stdout carries the JSON report alone; the

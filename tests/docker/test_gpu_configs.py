@@ -11,10 +11,12 @@ from tokenrouter.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIGS = sorted((ROOT / "configs").glob("*gpu*.yaml"))
-# The official checkpoints' shapes (config.json of Qwen2.5-Coder-0.5B/1.5B-Instruct): layers, KV
+# The official checkpoints' shapes (config.json of Qwen2.5(-Coder)-0.5B/1.5B/32B/72B-Instruct): layers, KV
 # heads, head dim, parameters. Used to check that each engine's share of its GPU holds weights + KV.
-SHAPES = {"0.5B": (24, 2, 64, 0.49e9), "1.5B": (28, 2, 128, 1.54e9)}
+SHAPES = {"0.5B": (24, 2, 64, 0.49e9), "1.5B": (28, 2, 128, 1.54e9), "32B": (64, 8, 128, 32.76e9),
+          "72B": (80, 8, 128, 72.71e9)}
 SMALLEST_GPU_BYTES = 24e9  # docs/deploy.md: the one-GPU config needs a 24 GB GPU
+TENSOR_PARALLEL_GPU_BYTES = 80e9  # the tensor-parallel configs are for 80 GB GPUs (their headers say so)
 
 
 @pytest.fixture(params=GPU_CONFIGS, ids=lambda p: p.name)
@@ -23,7 +25,8 @@ def config_path(request) -> Path:
 
 
 def test_there_are_one_and_two_gpu_configs() -> None:
-    assert [p.name for p in GPU_CONFIGS] == ["qwen2.5-coder-2gpu.yaml", "qwen2.5-coder-gpu-two-nodes.yaml",
+    assert [p.name for p in GPU_CONFIGS] == ["qwen2.5-32b-tp2-gpu.yaml", "qwen2.5-72b-tp4-gpu.yaml",
+                                            "qwen2.5-coder-2gpu.yaml", "qwen2.5-coder-gpu-two-nodes.yaml",
                                             "qwen2.5-coder-gpu.yaml"]
 
 
@@ -37,14 +40,24 @@ def test_gpu_configs_run_vllm_in_bf16_with_the_cpu_defaults_policy(config_path: 
 
 
 def test_engines_sharing_a_gpu_fit_their_memory_shares(config_path: Path) -> None:
+    """Per GPU: a tensor-parallel model takes its share of each of its GPUs (tensor_parallel_size
+    consecutive GPUs from its device's index) and holds 1/T of its weights and of its KV heads on each."""
     config = load_config(config_path)
+    gpu_bytes = SMALLEST_GPU_BYTES
+    if any(spec.tensor_parallel_size > 1 for spec in config.models.values()):
+        gpu_bytes = TENSOR_PARALLEL_GPU_BYTES
     shares: dict[str, float] = defaultdict(float)
     for spec in config.models.values():
-        shares[f"{spec.server} {spec.device}"] += spec.gpu_memory_utilization  # a GPU of one server
-        layers, kv_heads, head_dim, params = SHAPES["0.5B" if "0.5B" in spec.path else "1.5B"]
-        kv_bytes = spec.kv_cache_tokens * layers * 2 * kv_heads * head_dim * 2  # K and V, bf16
+        ranks = spec.tensor_parallel_size
+        first = int(spec.device.partition(":")[2])
+        for gpu in range(first, first + ranks):
+            shares[f"{spec.server} cuda:{gpu}"] += spec.gpu_memory_utilization  # a GPU of one server
+        layers, kv_heads, head_dim, params = next(shape for size, shape in SHAPES.items()
+                                                  if f"-{size}-" in Path(spec.path).name)
+        assert kv_heads % ranks == 0, "vLLM splits the KV heads evenly over the ranks"
+        kv_bytes = spec.kv_cache_tokens * layers * 2 * (kv_heads // ranks) * head_dim * 2  # K and V, bf16
         # weights + KV must leave a quarter of the share for activations and CUDA graphs
-        assert params * 2 + kv_bytes <= 0.75 * spec.gpu_memory_utilization * SMALLEST_GPU_BYTES, spec.path
+        assert params * 2 / ranks + kv_bytes <= 0.75 * spec.gpu_memory_utilization * gpu_bytes, spec.path
     assert all(total <= 0.9 for total in shares.values()), dict(shares)
 
 

@@ -214,6 +214,7 @@ def test_cpu_miniature_with_the_vllm_engine(tmp_path: Path) -> None:
     vllm = report["vllm_engine"]
     _passed(vllm["engine_loads"])
     assert vllm["engine_loads"]["settings"]["input_batch"] is True
+    assert "CPU miniature" in vllm["tensor_parallel"]["skipped"]  # TP 2 on CPU: its own test module
     for name, check in vllm["exact"].items():
         assert check.get("passed") is True, (name, check)
     bench = vllm["bench"]

@@ -166,7 +166,8 @@ class FakeLLM:
                  dtype: str = "auto",
                  revision: Any = None, tokenizer_revision: Any = None, **kwargs: Any) -> None:
         _keywords_only("LLM", LLM_ARGS, kwargs)
-        self.arguments = {"model": model, "skip_tokenizer_init": skip_tokenizer_init, "dtype": dtype, **kwargs}
+        self.arguments = {"model": model, "skip_tokenizer_init": skip_tokenizer_init, "dtype": dtype,
+                          "tensor_parallel_size": tensor_parallel_size, **kwargs}
         self.reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
         self.requests: list[FakeResult] = []
         FakeLLM.instances.append(self)
@@ -251,6 +252,22 @@ def test_span_sampling_arguments_carry_the_logit_processing() -> None:
     late = span_sampling_arguments(sampling, 12, generated=6, vocab_size=16)
     assert late["max_tokens"] == 12 and late["embedding_bias"][[0, 2]].tolist() == [0.0, 0.0]
     FakeSamplingParams(**early)
+
+
+def test_tensor_parallel_size_maps_to_the_llm_api_and_needs_the_gpus(fake_tensorrt_llm, tiny_pair,
+                                                                     monkeypatch) -> None:
+    """Mapping only (UNVERIFIED: no TensorRT-LLM here): the LLM API splits the model over the first
+    tensor_parallel_size visible GPUs; fewer visible GPUs are refused before the LLM is built."""
+    from tokenrouter.engine.ranks import RankPlacementError
+
+    assert llm_arguments(_spec(tiny_pair["small"]), "KV")["tensor_parallel_size"] == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(RankPlacementError, match="model 'm': tensor_parallel_size 2 on device cuda needs GPUs 0 to 1"):
+        create_engine("m", _spec(tiny_pair["small"], tensor_parallel_size=2))
+    assert FakeLLM.instances == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    create_engine("m", _spec(tiny_pair["small"], tensor_parallel_size=2)).close()
+    assert FakeLLM.instances[0].arguments["tensor_parallel_size"] == 2
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda:1"])

@@ -254,10 +254,10 @@ def test_a_started_engine_that_ignored_the_settings_is_refused() -> None:
     from tokenrouter.engine.vllm_compat import UnsupportedVLLM, check_started_engine
 
     sync = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=False), use_v2_model_runner=False)
-    v1_runner = SimpleNamespace(input_batch=object())
+    v1_runner = {"runner": "CPUModelRunner", "input_batch": True}  # as the worker extension reports it
     check_started_engine(sync, v1_runner)
-    with pytest.raises(UnsupportedVLLM, match="has no input_batch"):
-        check_started_engine(sync, SimpleNamespace())
+    with pytest.raises(UnsupportedVLLM, match=r"\(GPUModelRunnerV2\) has no input_batch"):
+        check_started_engine(sync, {"runner": "GPUModelRunnerV2", "input_batch": False})
     with pytest.raises(UnsupportedVLLM, match="schedules asynchronously"):
         check_started_engine(SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=True)), v1_runner)
     with pytest.raises(UnsupportedVLLM, match="V2 model runner"):

@@ -23,6 +23,7 @@ STRATEGIES: tuple[str, ...] = get_args(StrategyName)
 assert STRATEGIES == tuple(STRATEGY_CLASSES), "config.STRATEGIES and runtime/strategies.py's table disagree"
 EngineName = Literal["vllm", "torch", "simulated", "tensorrt_llm"]
 ENGINE_KINDS: tuple[str, ...] = get_args(EngineName)
+TENSOR_PARALLEL_ENGINES = ("vllm", "tensorrt_llm")  # the engines that split a model over ranks
 
 Threshold = Union[int, list[int], Literal["auto"]]
 
@@ -55,6 +56,10 @@ class ModelSpec(_Strict):
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="vllm on GPU: share of the GPU's memory this engine may take"
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="ranks the model is split over (vllm, tensorrt_llm): on GPU that many GPUs from "
+                                    "the device's index on; on CPU (vllm) the model's cores split among the ranks"
     )
     kv_cache_tokens: int = Field(16384, ge=16, description="KV pool capacity in tokens")
     max_batch_size: int = Field(16, ge=1)
@@ -111,6 +116,13 @@ class ModelSpec(_Strict):
                              f"got {self.block_size}")
         if self.cpus is not None and (not self.cpus or any(c < 0 for c in self.cpus)):
             raise ValueError(f"cpus must be a non-empty list of core numbers, got {self.cpus}")
+        if self.tensor_parallel_size > 1 and self.engine not in TENSOR_PARALLEL_ENGINES:
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size}: engine '{self.engine}' runs a model "
+                             f"on one device; tensor parallelism needs engine {' or '.join(TENSOR_PARALLEL_ENGINES)}")
+        if (self.tensor_parallel_size > 1 and self.engine == "vllm" and self.device == "cpu"
+                and self.cpus is not None and len(self.cpus) < self.tensor_parallel_size):
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} on CPU needs a core per rank; "
+                             f"cpus gives {len(self.cpus)}")
         if self.engine == "simulated" and self.profile is None:
             raise ValueError("engine 'simulated' needs 'profile' (a profile name or a dict)")
         return self

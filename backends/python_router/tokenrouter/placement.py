@@ -8,8 +8,8 @@ one ``tokenrouter serve --only ...``, and the node that runs the entry model als
 Two nodes agree when they were given the same deployment: the same models in the same order, the
 same checkpoints (by folder name), tokenizer (by the digest of its tokenizer.json), policy (its
 weights by digest), scheduling and context limit. What a node decides alone is left out: devices,
-cores, threads, GPU memory share, where files live on its disk, the fronts it alone serves, its
-transport's TLS files and injected delay. ``describe`` gives a node's view; ``differences`` names
+cores, threads, GPU memory share, tensor-parallel ranks, where files live on its disk, the fronts it
+alone serves, its transport's TLS files and injected delay. ``describe`` gives a node's view; ``differences`` names
 every value in which two views differ, so a refusal says which one (peers compare at connect time,
 ``build-repository --agree-with`` at render time).
 """
@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from .config import ConfigError, TokenRouterConfig
 
 # Chosen per host: another node may differ in them and still be the same deployment.
-NODE_LOCAL_FIELDS = frozenset({"device", "cpus", "threads", "gpu_memory_utilization"})
+NODE_LOCAL_FIELDS = frozenset({"device", "cpus", "threads", "gpu_memory_utilization", "tensor_parallel_size"})
 TOKENIZER_FILE = "tokenizer.json"
 
 

@@ -34,3 +34,14 @@ def proc_stat(pid: int | str) -> ProcStat | None:
                         start_ticks=int(fields[19]))
     except (OSError, ValueError, IndexError):
         return None
+
+
+def child_pids(pid: int | str) -> list[int]:
+    """``pid``'s children (Linux's ``/proc/<pid>/task/<tid>/children`` of each of its threads); [] when it is gone."""
+    children: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            children += [int(child) for child in (task / "children").read_text().split()]
+    except OSError:
+        return []
+    return sorted(children)

@@ -24,6 +24,11 @@ class KVCacheExhausted(RuntimeError):
     """The pool cannot hold the tokens a step asked for. Raised before any state is touched."""
 
 
+class EngineLost(RuntimeError):
+    """The engine can never step again (a rank of a tensor-parallel model died). Its subserver fails
+    every request it holds and goes down; under Triton the stub then ends and the server restarts."""
+
+
 class UnknownSequence(KeyError):
     """A step or query named a sequence the engine does not hold."""
 

@@ -57,6 +57,7 @@ from .base import SamplingParams, SeqId, StepResult, StepRow
 from .dtypes import resolve_dtype
 from .loader import eos_token_ids_of, generation_config_of
 from .pooled import PooledEngine
+from .ranks import gpu_rank_devices
 
 if TYPE_CHECKING:
     from ..config import ModelSpec
@@ -119,6 +120,8 @@ def llm_arguments(spec: ModelSpec, kv_cache_config: Any) -> dict[str, Any]:
         "kv_cache_config": kv_cache_config,
         "max_batch_size": spec.max_batch_size,
         "max_num_tokens": spec.max_prefill_tokens + spec.max_batch_size,
+        # its ranks are the first tensor_parallel_size visible GPUs (unverified here, like the rest)
+        "tensor_parallel_size": spec.tensor_parallel_size,
     }
 
 
@@ -225,6 +228,8 @@ class TensorRTLLMEngine(PooledEngine):
             # the LLM API places its worker on the first visible GPU; it takes no device index
             raise ValueError(f"model '{name}': engine 'tensorrt_llm' runs on the first visible GPU; set device: cuda "
                              f"and choose the GPU with CUDA_VISIBLE_DEVICES (got device: {spec.device})")
+        if spec.tensor_parallel_size > 1:
+            gpu_rank_devices(name, spec)  # enough visible GPUs, or RankPlacementError naming the field
         hf_config = AutoConfig.from_pretrained(spec.path, local_files_only=True)
         llm = module.LLM(**llm_arguments(spec, KvCacheConfig(**kv_cache_arguments(spec))))
         return cls(name, llm, module.SamplingParams, num_blocks=max(1, spec.kv_cache_tokens // spec.block_size),

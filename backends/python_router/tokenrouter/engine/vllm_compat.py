@@ -24,7 +24,7 @@ SUPPORTED_VLLM = ("vLLM 0.27.1 to 0.32.0 (tested); 0.19.0 to 0.24.0 have the sam
 ENGINE_ARGUMENTS = ("model", "dtype", "max_model_len", "block_size", "num_gpu_blocks_override", "max_num_seqs",
                     "max_num_batched_tokens", "enable_prefix_caching", "enforce_eager", "skip_tokenizer_init",
                     "max_logprobs", "distributed_executor_backend", "gpu_memory_utilization", "seed",
-                    "async_scheduling")
+                    "async_scheduling", "tensor_parallel_size", "worker_extension_cls")
 # EngineCoreRequest fields the adapter passes when it builds a chunk request itself (a decode).
 CHUNK_REQUEST_FIELDS = ("request_id", "prompt_token_ids", "mm_features", "sampling_params", "pooling_params",
                         "arrival_time", "lora_request", "cache_salt", "data_parallel_rank", "resumable")
@@ -80,14 +80,15 @@ def require_vllm_capabilities() -> None:
                               f"resumable requests; supported: {SUPPORTED_VLLM}")
 
 
-def check_started_engine(vllm_config: Any, model_runner: Any) -> None:
+def check_started_engine(vllm_config: Any, runner_facts: dict[str, Any]) -> None:
     """What only a started engine shows: vLLM may override a setting (a feature that requires
-    the V2 runner, a platform default), and the adapter would then fail at its first step."""
+    the V2 runner, a platform default), and the adapter would then fail at its first step.
+    ``runner_facts``: rank 0's model runner as the worker extension reports it (vllm_capture)."""
     import vllm
 
     problems = []
-    if not hasattr(model_runner, "input_batch"):
-        problems.append(f"its model runner ({type(model_runner).__name__}) has no input_batch, which maps captured "
+    if not runner_facts["input_batch"]:
+        problems.append(f"its model runner ({runner_facts['runner']}) has no input_batch, which maps captured "
                         f"logits to requests (the V2 runner? VLLM_USE_V2_MODEL_RUNNER=0 was set)")
     if getattr(vllm_config, "use_v2_model_runner", False):
         problems.append("it chose the V2 model runner despite VLLM_USE_V2_MODEL_RUNNER=0")

@@ -10,9 +10,13 @@ token that was actually committed: ours, or the one another model produced.
 
 Sampling is ours, not vLLM's: the model's ``compute_logits`` is wrapped to capture each sampled
 row's final hidden state and full-vocabulary logits, and the shared reproducible sampler turns
-them into tokens. So greedy and seeded sampling give the same tokens as the PyTorch engine, every
-policy gets the signals it asks for (logits, top-k, hidden states), and vLLM's own sampler only
-runs a cheap greedy argmax that is ignored.
+them into tokens. The wrap and the fetch go through vLLM's worker extension and ``collective_rpc``
+(``vllm_capture``), so they work the same with one rank in this process and with
+``tensor_parallel_size`` ranks in vLLM's worker processes (the engine core, its scheduler and the
+KV accounting stay in this process either way). So greedy and seeded sampling give the same
+tokens as the PyTorch engine, at any tensor-parallel size, every policy gets the signals it asks
+for (logits, top-k, hidden states), and vLLM's own sampler only runs a cheap greedy argmax that
+is ignored.
 
 vLLM's in-process engine core is an internal API: this module is the only place that touches it
 (0.32 pinned in requirements.txt; 0.27.1, the 26.08 Triton image's, passes the same engine tests:
@@ -24,6 +28,7 @@ unless the caller owns a whole process, as a Triton stub does).
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import threading
@@ -33,11 +38,13 @@ from typing import Any, Sequence
 import torch
 
 from ..config import ModelSpec
-from .base import Engine, KVCacheExhausted, LengthTable, SeqId, StepResult, StepRow
+from .base import Engine, EngineLost, KVCacheExhausted, LengthTable, SeqId, StepResult, StepRow
 from .dtypes import resolve_dtype
 from .loader import eos_token_ids_of, generation_config_of
 from .logit_processing import ContextCounts
 from .pooled import check_rows, sampled_result
+from .ranks import cpu_rank_cores, gpu_rank_devices, omp_threads_bind
+from .vllm_capture import WORKER_EXTENSION
 from .vllm_compat import UnsupportedVLLM, check_started_engine, require_vllm_capabilities, vllm_environment
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -50,29 +57,36 @@ class VLLMEngine(LengthTable, Engine):
     def __init__(self, name: str, llm_engine: Any, *, eos_token_ids: frozenset[int]) -> None:
         self.name = name
         self._llm = llm_engine
-        self._core = llm_engine.engine_core.engine_core  # EngineCore, in-process (uniprocess executor)
+        self._core = llm_engine.engine_core.engine_core  # EngineCore, in-process; its executor runs the ranks
         self._scheduler = self._core.scheduler
-        self._runner = self._core.model_executor.driver_worker.worker.model_runner
+        self._executor = self._core.model_executor
+        # One rank's reply: the multiprocess executor asks only rank 0 to answer; the uniprocess
+        # executor has only rank 0, and runs the call in this process (nothing is copied).
+        self._one_reply = ({"unique_reply_rank": 0} if "unique_reply_rank" in
+                           inspect.signature(self._executor.collective_rpc).parameters else {})
+        self._across_processes = bool(self._one_reply)
+        self._tensor_parallel_size = llm_engine.vllm_config.parallel_config.tensor_parallel_size
         self._model_config = llm_engine.model_config
         self._eos = eos_token_ids
         self._lengths: dict[SeqId, int] = {}  # tokens of each sequence whose KV vLLM holds
         self._context_counts = ContextCounts()  # for penalties (see logit_processing.py)
         self._request_ids: dict[SeqId, str] = {}
         self._next_id = 0
-        self._capture: dict[str, Any] | None = None
         self._chunk_params: Any = None  # vLLM's processed SamplingParams of a one-token chunk
         self._scheduled: dict[str, int] = {}
         self.last_step_tokens: dict[SeqId, int] = {}  # tokens vLLM computed per row in the last step
+        self.last_fetch_s = 0.0  # what fetching the last step's rows from rank 0 took (benchmarks read it)
         self._sampler_logprobs = 0
         # Per row of the last step, when recording: vLLM's sampled token and its sampler's top
         # log-probabilities {token: logprob} (the device check compares them with the captured logits).
         self.last_sampler_logprobs: dict[SeqId, tuple[int, dict[int, float]]] = {}
         try:
-            check_started_engine(llm_engine.vllm_config, self._runner)
+            self._runner_facts = self._rank0("tokenrouter_runner_facts")
+            check_started_engine(llm_engine.vllm_config, self._runner_facts)
         except UnsupportedVLLM:
             self._core.shutdown()
             raise
-        self._wrap_compute_logits()
+        self._executor.collective_rpc("tokenrouter_install_capture")  # every rank wraps; rank 0 keeps
         self._wrap_schedule()
         # Intra-op threads are per OS thread, and vLLM's CPU attention checks that the stepping
         # thread uses the count its metadata was planned with (the count set up at start here).
@@ -94,6 +108,7 @@ class VLLMEngine(LengthTable, Engine):
         hf_config = _hf_config(spec.path)
         on_cpu = spec.device.startswith("cpu") or (spec.device == "auto" and not torch.cuda.is_available())
         dtype = resolve_dtype(spec, on_gpu=not on_cpu)
+        os.environ.update(rank_environment(name, spec, on_cpu=on_cpu))
         if on_cpu:
             # vLLM's CPU backend sizes its KV pool from this variable (GiB); the exact block count
             # is set below, this only has to be large enough to hold it.
@@ -176,36 +191,43 @@ class VLLMEngine(LengthTable, Engine):
         config = self._llm.vllm_config
         return {"VLLM_USE_V2_MODEL_RUNNER": vllm.envs.VLLM_USE_V2_MODEL_RUNNER,
                 "async_scheduling": config.scheduler_config.async_scheduling,
-                "input_batch": hasattr(self._runner, "input_batch"),
+                "input_batch": self._runner_facts["input_batch"],
+                "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
                 "cudagraph_mode": str(getattr(config.compilation_config, "cudagraph_mode", None))}
 
     # --- the step -------------------------------------------------------------------------------
     def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
+        self._check_ranks()
         tokens = check_rows(rows, top_logits=top_logits, vocab_size=self.vocab_size,
                             max_model_len=self.max_model_len, cached_length=self.num_cached)
         self._check_capacity(rows, tokens)
         self._match_threads()
         for row, new in zip(rows, tokens):
             self._add_chunk(self._request_ids[row.seq_id], list(new), first=self._lengths[row.seq_id] == 0)
-        self._capture = {"hidden": return_hidden}
         try:
             outputs, _ = self._core.step()
             self._check_scheduled(rows, tokens)
             if self._sampler_logprobs:
                 self._record_sampler_logprobs(rows, outputs)
-            logits, hidden = self._captured_rows(rows)
-        except BaseException:
+            logits, hidden = self._captured_rows(rows, return_hidden)
+        except BaseException as error:
             # The chunks may be half-computed inside vLLM: those sequences cannot be trusted.
             for row in rows:
                 self.release(row.seq_id)
+            self._check_ranks(error)
             raise
-        finally:
-            self._capture = None
         positions = []
         for row, new in zip(rows, tokens):
             self._lengths[row.seq_id] += len(new)
             positions.append(self._lengths[row.seq_id])
         return sampled_result(rows, logits, positions, top_logits, hidden, counts=self._context_counts)
+
+    def _check_ranks(self, cause: BaseException | None = None) -> None:
+        """A tensor-parallel model that lost a rank cannot step again: vLLM's multiprocess executor
+        sees the worker die and shuts itself down (``is_failed``)."""
+        if getattr(self._executor, "is_failed", False):
+            raise EngineLost(f"engine '{self.name}': a rank of its {self._tensor_parallel_size} tensor-parallel ranks "
+                             f"died; the model cannot run again until it is restarted") from cause
 
     def record_sampler_logprobs(self, k: int) -> None:
         """From the next chunk on, ask vLLM's own sampler for each row's top-``k`` log-probabilities
@@ -270,19 +292,21 @@ class VLLMEngine(LengthTable, Engine):
                 raise RuntimeError(f"engine '{self.name}': vLLM scheduled {self.last_step_tokens[row.seq_id]} of "
                                    f"{len(new)} tokens of {row.seq_id!r} (max_num_batched_tokens too small?)")
 
-    def _captured_rows(self, rows: Sequence[StepRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (and hidden states) of the step's rows, in the order the rows were given."""
-        capture = self._capture
-        if not capture or "logits" not in capture:
+    def _captured_rows(self, rows: Sequence[StepRow], hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (and hidden states) of the step's rows, in the order the rows were given, from rank 0."""
+        start = time.perf_counter()
+        captured = self._rank0("tokenrouter_fetch", [self._request_ids[row.seq_id] for row in rows], hidden,
+                               self._across_processes)
+        self.last_fetch_s = time.perf_counter() - start
+        if captured is None:
             raise RuntimeError(f"engine '{self.name}': vLLM ran no forward pass for the step")
-        order = {request_id: i for i, request_id in enumerate(capture["request_ids"])}
-        try:
-            index = torch.tensor([order[self._request_ids[row.seq_id]] for row in rows])
-        except KeyError as missing:
-            raise RuntimeError(f"engine '{self.name}': vLLM did not run request {missing} in the step") from None
-        logits = capture["logits"][index].float()
-        hidden = capture["hidden_states"][index] if capture.get("hidden_states") is not None else None
-        return logits, hidden
+        logits, states = captured
+        return logits.float(), states
+
+    def _rank0(self, method: str, *args: Any) -> Any:
+        """A worker-extension call (vllm_capture) on every rank; rank 0's answer."""
+        reply = self._executor.collective_rpc(method, args=args, **self._one_reply)
+        return reply if self._one_reply else reply[0]
 
     def _wrap_schedule(self) -> None:
         """Record how many tokens vLLM schedules per request in each step."""
@@ -294,25 +318,6 @@ class VLLMEngine(LengthTable, Engine):
             return output
 
         self._scheduler.schedule = recording_schedule
-
-    def _wrap_compute_logits(self) -> None:
-        """Capture compute_logits' input (final-norm hidden states of the sampled positions, rows
-        in the model runner's batch order) and output (full-vocabulary logits)."""
-        model = self._runner.get_model()
-        compute_logits = model.compute_logits
-        runner = self._runner
-
-        def capturing_compute_logits(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            logits = compute_logits(hidden_states, *args, **kwargs)
-            capture = self._capture
-            if capture is not None:
-                capture["request_ids"] = list(runner.input_batch.req_ids)[:logits.shape[0]]
-                # vLLM's sampler may work on these tensors in place: keep our own copies.
-                capture["logits"] = logits.detach().clone()
-                capture["hidden_states"] = hidden_states.detach().clone() if capture["hidden"] else None
-            return logits
-
-        model.compute_logits = capturing_compute_logits
 
     def generate_natively(self, prompts: Sequence[Sequence[int]], max_tokens: int,
                           stop_token_ids: Sequence[int] = ()) -> tuple[list[list[int]], int]:
@@ -366,7 +371,10 @@ def engine_arguments(spec: ModelSpec, *, dtype: str, on_cpu: bool, max_position_
         # vLLM's sampler computes log-probabilities only for requests that ask; ours ask only
         # when a diagnostic records them (record_sampler_logprobs).
         max_logprobs=MAX_SAMPLER_LOGPROBS,
-        distributed_executor_backend="uni",
+        # One rank runs in this process; more run in vLLM's worker processes (its CPU backend too).
+        tensor_parallel_size=spec.tensor_parallel_size,
+        distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else "mp",
+        worker_extension_cls=WORKER_EXTENSION,  # captures the per-row signals on rank 0 (vllm_capture)
         gpu_memory_utilization=spec.gpu_memory_utilization,
         seed=0,
         # Off on purpose (vLLM turns it on by default on GPU; its CPU backend forces it off): it
@@ -374,6 +382,17 @@ def engine_arguments(spec: ModelSpec, *, dtype: str, on_cpu: bool, max_position_
         # at a time; resumable sessions under it crashed the engine core until vLLM 0.31.
         async_scheduling=False,
     )
+
+
+def rank_environment(name: str, spec: ModelSpec, *, on_cpu: bool) -> dict[str, str]:
+    """Where the ranks of a tensor-parallel model run, checked against the hardware
+    (``RankPlacementError`` names the field): on CPU each rank's OpenMP threads bound to its share of
+    the cores; on GPU the consecutive GPUs from the device's index on. One rank: nothing to place."""
+    if spec.tensor_parallel_size == 1:
+        return {}
+    if on_cpu:
+        return {"VLLM_CPU_OMP_THREADS_BIND": omp_threads_bind(cpu_rank_cores(name, spec))}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(gpu_rank_devices(name, spec))}
 
 
 def _hf_config(path: str) -> Any:

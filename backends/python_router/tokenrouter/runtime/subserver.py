@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Sequence
 
-from ..engine.base import Engine
+from ..engine.base import Engine, EngineLost
 from ..protocol import PeerMessage, RequestSpec
 from .core import SubserverCore
 from .effects import Batch, Effect, Emit, Release, Routed, Send
@@ -190,6 +190,8 @@ class Subserver:
             log.exception("step failed on %s", self.name)
             error = f"{type(exc).__name__} on {self.name}: {exc}"
             self._apply(self.core.on_step_failed(batch, error, time.monotonic()))
+            if isinstance(exc, EngineLost):
+                raise  # nothing can run on this model again: the loop goes down and fails the rest
             return
         end = time.monotonic()
         self.core.stats.busy_s += end - start
