@@ -210,17 +210,34 @@ def test_benchmark_core_model_decoupled_grpc(routing_server, codec):
             client.async_stream_infer(CORE, benchmark_inputs(grpcclient, requests[0][0], requests[0][1], 100),
                                       request_id=str(i))
         client.stop_stream()
-        answers: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        for i, request in enumerate(requests):
-            client.async_stream_infer(CORE, benchmark_inputs(grpcclient, *request), request_id=str(i))
-        client.stop_stream()
-    results = []
-    while len(results) < len(requests):
-        result, error = answers.get(timeout=5)
-        assert error is None, error
-        results.append(result)
+        results = stream_results(client, requests)
     check_benchmark_results(results, requests)
+
+
+def stream_results(client: grpcclient.InferenceServerClient, requests: list) -> list:
+    """Its decoupled gRPC run: every request on a new stream (request ids "0"..), ``stop_stream``, then
+    ``get_grpc_results``: one result per request, none an error."""
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    for i, request in enumerate(requests):
+        client.async_stream_infer(CORE, benchmark_inputs(grpcclient, *request), request_id=str(i))
+    client.stop_stream()
+    return [checked_answer(answers, 5) for _ in requests]
+
+
+def async_infer_results(client: grpcclient.InferenceServerClient, requests: list) -> list:
+    """Its unary gRPC run: ``async_infer`` per request with a callback, against a unary core model."""
+    answers: queue.Queue = queue.Queue()
+    for i, request in enumerate(requests):
+        client.async_infer(UNARY_CORE, benchmark_inputs(grpcclient, *request), request_id=str(i),
+                           callback=partial(lambda q, result, error: q.put((result, error)), answers))
+    return [checked_answer(answers, 120) for _ in requests]
+
+
+def checked_answer(answers: queue.Queue, timeout_s: float):
+    result, error = answers.get(timeout=timeout_s)
+    assert error is None, error
+    return result
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -240,18 +257,53 @@ def test_benchmark_core_model_unary(routing_server, codec, protocol):
                        for i, r in enumerate(requests)]
             results = [future.get_result() for future in futures]
         else:
-            answers: queue.Queue = queue.Queue()
-            for i, request in enumerate(requests):
-                client.async_infer(UNARY_CORE, benchmark_inputs(module, *request), request_id=str(i),
-                                   callback=partial(lambda q, result, error: q.put((result, error)), answers))
-            results = []
-            for _ in requests:
-                result, error = answers.get(timeout=120)
-                assert error is None, error
-                results.append(result)
+            results = async_infer_results(client, requests)
     finally:
         client.close()
     check_benchmark_results(results, requests)
+
+
+def synthetic_requests(count: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """Its ``token-norm-dist`` workload: input and output lengths from normal distributions (at least 1),
+    each prompt ``[1, n]`` INT32 ids drawn uniformly from [0, 2**31 - 1) (its utils ``gen_random_start_ids``),
+    nearly all past any vocabulary; seeded here so a failure repeats."""
+    rng = np.random.default_rng(420)
+    lengths = [max(1, int(np.ceil(x))) for x in rng.normal(24, 8, count)]
+    return [(rng.integers(0, np.iinfo(np.int32).max, size=(1, n), dtype=np.int32), np.array([[n]], np.int32),
+             max(1, int(np.ceil(out)))) for n, out in zip(lengths, rng.normal(8, 2, count))]
+
+
+def check_wrapped_prompts(results: list, requests: list, vocab: int) -> None:
+    """Beyond what the tool reads: each output starts with its prompt folded into the vocabulary (frontend
+    ``out_of_vocabulary_ids: wrap``, the reliability server's setting), every id of it a vocabulary id."""
+    for result in results:
+        ids, lengths, _ = requests[int(result.get_response().id)]
+        output = result.as_numpy("output_ids")[0][0]
+        assert output[:lengths[0][0]].tolist() == (ids[0] % vocab).tolist()
+        assert ((0 <= output) & (output < vocab)).all()
+
+
+def test_benchmark_core_model_token_norm_dist_decoupled_grpc(routing_server, codec):
+    """``benchmark_core_model.py -i grpc --decoupled token-norm-dist ...``: random ids as the prompts, sent
+    as its dataset path sends them (one stream, request ids "0"..); answered with ``wrap`` on."""
+    requests = synthetic_requests(4)
+    with grpcclient.InferenceServerClient(routing_server.grpc_url) as client:
+        results = stream_results(client, requests)
+    check_benchmark_results(results, requests)
+    check_wrapped_prompts(results, requests, len(codec.tokenizer))
+
+
+def test_benchmark_core_model_token_norm_dist_unary_grpc(routing_server, codec):
+    """``benchmark_core_model.py -i grpc token-norm-dist ...`` without ``--decoupled``: ``async_infer`` per
+    request against a unary core model; a negative id (never sent by the tool) is still refused by name."""
+    requests = synthetic_requests(3)
+    with grpcclient.InferenceServerClient(routing_server.grpc_url) as client:
+        results = async_infer_results(client, requests)
+        with pytest.raises(InferenceServerException, match="input_ids holds id -1, outside the vocabulary"):
+            client.infer(UNARY_CORE, benchmark_inputs(grpcclient, np.array([[5, -1]], np.int32),
+                                                      np.array([[2]], np.int32), 4))
+    check_benchmark_results(results, requests)
+    check_wrapped_prompts(results, requests, len(codec.tokenizer))
 
 
 # --- tools/inflight_batcher_llm/identity_test.py (its last version, removed before c2e65b88) ----------

@@ -143,6 +143,18 @@ def test_core_values_are_checked_naming_the_input(values: dict, message: str | N
         parse_core_request(core_inputs(**values), text, decoupled="streaming" not in values)
 
 
+def test_out_of_vocabulary_ids_are_refused_by_default_and_folded_on_wrap(text: TextInputs) -> None:
+    # benchmark_core_model.py's synthetic prompts: random ids in [0, 2**31 - 1), the padding past input_lengths too
+    vocab = text.vocab_size
+    ids = [5, vocab, 3 * vocab + 7, 2**31 - 2, 2**31 - 3]
+    with pytest.raises(RequestError, match=f"^input_ids holds id {vocab}, outside the vocabulary"):
+        parse_core_request(core_inputs(input_ids=ids, input_lengths=4), text, decoupled=True)
+    [generation] = parse_core_request(core_inputs(input_ids=ids, input_lengths=4), text, decoupled=True, wrap_ids=True)
+    assert generation.prompt_ids == [5, 0, 7, (2**31 - 2) % vocab]
+    with pytest.raises(RequestError, match=r"^input_ids holds id -1, outside the vocabulary"):  # never wrapped
+        parse_core_request(core_inputs(input_ids=[vocab, -1], input_lengths=2), text, decoupled=True, wrap_ids=True)
+
+
 @pytest.mark.parametrize("name", ["input_ids", "input_lengths", "request_output_len"])
 def test_the_three_required_inputs_are_named_when_missing(name: str, text: TextInputs) -> None:
     inputs = core_inputs()

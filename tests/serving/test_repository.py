@@ -11,7 +11,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tokenrouter.config import FRONT_NAMES, ConfigError, load_config
-from tokenrouter.serving.repository import MARKER, read_model_config, read_repository, render_repository
+from tokenrouter.serving.repository import (MARKER, model_parameters, read_model_config, read_repository,
+                                           render_repository)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +38,8 @@ def rich_config(tmp_path: Path) -> dict:
         "chat_template": True,
         "max_model_len": 1024,
         # non-default fan-out limits and input default: they must travel through the fronts' parameters and back
-        "frontend": {"max_return_sequences": 3, "max_generations": 5, "max_words": 7, "exclude_input_in_output": True},
+        "frontend": {"max_return_sequences": 3, "max_generations": 5, "max_words": 7, "exclude_input_in_output": True,
+                     "out_of_vocabulary_ids": "wrap"},
     }
 
 
@@ -51,6 +53,15 @@ def test_render_then_read_gives_the_same_config(tmp_path: Path) -> None:
     # the copy is the repository's own: rendering what was read changes nothing
     moved = back.policy.model_copy(update={"weights": str(tmp_path / "repo2/routing_policy/1/router.pt")})
     assert read_repository(render_repository(back, tmp_path / "repo2")) == back.model_copy(update={"policy": moved})
+
+
+def test_out_of_vocabulary_ids_reach_the_core_model_alone(tmp_path: Path) -> None:
+    raw = rich_config(tmp_path)
+    repo = render_repository(load_config(raw), tmp_path / "repo")
+    assert model_parameters(repo / "tensorrt_llm")["out_of_vocabulary_ids"] == "wrap"
+    assert all("out_of_vocabulary_ids" not in model_parameters(repo / name) for name in FRONT_NAMES)
+    default = render_repository(load_config({**raw, "frontend": {}}), tmp_path / "default")
+    assert model_parameters(default / "tensorrt_llm")["out_of_vocabulary_ids"] == "refuse"
 
 
 def test_explicit_tokenizer_and_defaults_round_trip(tmp_path: Path) -> None:
@@ -285,8 +296,9 @@ def test_front_names_mode_and_batch_size_come_from_the_config_and_read_back(tmp_
     ({"frontend": {"names": ["bad/name"]}}, "frontend.names: .*'bad/name' is not a model folder name"),
     ({"frontend": {"names": []}}, "frontend.names"),
     ({"frontend": {"names": ["small"]}}, "models.small: a front model has that name"),
+    ({"frontend": {"out_of_vocabulary_ids": "fold"}}, r"frontend.out_of_vocabulary_ids: .*'refuse' or 'wrap'"),
 ])
-def test_front_names_that_cannot_be_served_are_refused_by_field(change: dict, message: str, tmp_path: Path) -> None:
+def test_frontend_values_that_cannot_be_served_are_refused_by_field(change: dict, message: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config({**rich_config(tmp_path), **change})
 

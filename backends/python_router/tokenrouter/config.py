@@ -206,6 +206,13 @@ class FrontendSpec(_Strict):
     max_generations: int = Field(64, ge=1, description="generations per request: rows x num_return_sequences")
     max_words: int = Field(1024, ge=1, description="words per row in each of stop_words, bad_words, "
                                                    "embedding_bias_words")
+    # Synthetic load tools (TensorRT-LLM's benchmark_core_model.py token-norm-dist, token-from-histogram) send
+    # random ids up to 2**31-1; TensorRT-LLM takes ids past the vocabulary as prompt-table ids, so they run there.
+    out_of_vocabulary_ids: Literal["refuse", "wrap"] = Field(
+        "refuse", description="what tensorrt_llm (the core model) does with an input id >= the vocabulary size: "
+                              "refuse the request naming input_ids, or wrap it to id mod vocabulary size (for load "
+                              "tools that send random ids; the output is meaningless text). Negative ids are "
+                              "always refused")
     # TensorRT-LLM streams one token per response, and tools that count responses as tokens rely on it;
     # the entry's pacing (scheduling.max_responses_per_s) merges tokens where many streams run. The
     # fronts under TensorRT-LLM's names stream as TensorRT-LLM does (docs/config.md: the measurement).

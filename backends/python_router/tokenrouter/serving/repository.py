@@ -39,8 +39,9 @@ from ..config import ConfigError, FrontendSpec, ModelSpec, TokenRouterConfig, lo
 from ..placement import node_models
 from ..runtime.strategies import MULTI_PROCESS
 from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS, EXCLUDE_INPUT,
-                     ONE_TOKEN_PER_RESPONSE, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS,
-                     PREPROCESSING_OUTPUTS, ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
+                     ONE_TOKEN_PER_RESPONSE, OUT_OF_VOCABULARY, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
+                     PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS,
+                     SUBSERVER_OUTPUTS, Tensor)
 
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
@@ -213,8 +214,9 @@ def render_frontend(repo_dir: Path, *, entry: str, tokenizer: str, chat_template
         write_front(repo_dir, name, {**shared, ONE_TOKEN_PER_RESPONSE: name in frontend.one_token_per_response},
                     decoupled=frontend.decoupled, max_batch_size=frontend.max_batch_size)
     # TensorRT-LLM's core model streams one token per response, and so does this one
-    write_core_model(repo_dir, CORE_MODEL, {**shared, ONE_TOKEN_PER_RESPONSE: True}, decoupled=frontend.decoupled,
-                     max_batch_size=frontend.max_batch_size)
+    write_core_model(repo_dir, CORE_MODEL, {**shared, ONE_TOKEN_PER_RESPONSE: True,
+                                            OUT_OF_VOCABULARY: frontend.out_of_vocabulary_ids},
+                     decoupled=frontend.decoupled, max_batch_size=frontend.max_batch_size)
     pre = model_config(PREPROCESSING, backend="python", inputs=PREPROCESSING_INPUTS.values(),
                        outputs=PREPROCESSING_OUTPUTS.values(), parameters={**text, "max_words": frontend.max_words},
                        max_batch_size=frontend.max_batch_size, required=frozenset())
@@ -460,9 +462,18 @@ def read_repository(repo_dir: Path) -> TokenRouterConfig:
                      **{name: int(first_front.parameters[name].string_value) for name in FAN_OUT_LIMITS
                         if name in first_front.parameters},
                      **({EXCLUDE_INPUT: _decode(first_front.parameters[EXCLUDE_INPUT].string_value, text=False)}
-                        if EXCLUDE_INPUT in first_front.parameters else {})} if first_front else {"names": fronts},
+                        if EXCLUDE_INPUT in first_front.parameters else {}),
+                     **_core_model_settings(repo_dir)} if first_front else {"names": fronts},
     }
     return load_config(raw)
+
+
+def _core_model_settings(repo_dir: Path) -> dict[str, str]:
+    """The frontend settings only the core model reads, from its config (none where it has none)."""
+    if not (repo_dir / CORE_MODEL / "config.pbtxt").is_file():
+        return {}
+    value = model_parameters(repo_dir / CORE_MODEL).get(OUT_OF_VOCABULARY)
+    return {OUT_OF_VOCABULARY: value} if value else {}
 
 
 def served_models(repo_dir: Path) -> list[str]:

@@ -102,6 +102,8 @@ CLIENT_INPUTS = _tensors(
 # A front parameter of the input's name gives its default (config frontend.exclude_input_in_output), as
 # TensorRT-LLM's tensorrt_llm model has one.
 EXCLUDE_INPUT = "exclude_input_in_output"
+# The core model parameter of config frontend.out_of_vocabulary_ids: "refuse" (the default) or "wrap".
+OUT_OF_VOCABULARY = "out_of_vocabulary_ids"
 CLIENT_OUTPUTS = _tensors(
     ("text_output", "BYTES", ANY),  # one string per row and sequence: as_numpy("text_output")[0]
     ("cum_log_probs", "FP32", ANY),

@@ -23,12 +23,18 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from .core_outputs import CoreOutput
+from ..schema import OUT_OF_VOCABULARY
+from ..text.tokenizer_stub import model_parameters
 from .core_request import parse_core_request
 from .front_model import TritonPythonModel as FrontModel
 from .front_request import Generation
 
 
 class TritonPythonModel(FrontModel):
+    def initialize(self, args: dict[str, str]) -> None:
+        super().initialize(args)
+        self.wrap_ids = model_parameters(args).get(OUT_OF_VOCABULARY, "refuse") == "wrap"
+
     def _take(self, request: Any) -> None:
         """TensorRT-LLM's stop request (``stop`` true, the request id of the request to stop) cancels that
         request and is answered with an empty final response; any other request is read as a front reads."""
@@ -45,7 +51,7 @@ class TritonPythonModel(FrontModel):
 
     def generations(self, inputs: dict[str, np.ndarray]) -> list[Generation]:
         return parse_core_request(inputs, self.text, decoupled=self.decoupled, limits=self.limits,
-                                  exclude_input=self.exclude_input)
+                                  exclude_input=self.exclude_input, wrap_ids=self.wrap_ids)
 
     def output(self, generation: Generation) -> CoreOutput:  # type: ignore[override]
         return CoreOutput(generation)

@@ -58,9 +58,11 @@ WORD_LISTS = {"stop_words_list": "stop", "bad_words_list": "bad"}
 
 
 def parse_core_request(inputs: Mapping[str, np.ndarray], text: TextInputs, *, decoupled: bool,
-                       limits: FanOutLimits = FanOutLimits(), exclude_input: bool = False) -> list[Generation]:
+                       limits: FanOutLimits = FanOutLimits(), exclude_input: bool = False,
+                       wrap_ids: bool = False) -> list[Generation]:
     """Every generation of a core-model request; ``inputs`` by name, batch dimension first. Sizes are
-    checked on the arrays' shapes before any value is read (``_check_sizes``)."""
+    checked on the arrays' shapes before any value is read (``_check_sizes``). ``wrap_ids``
+    (frontend.out_of_vocabulary_ids wrap): an input id >= the vocabulary size becomes id mod its size."""
     for name in inputs:
         if name in CORE_REFUSED:
             raise RequestError(f"{name}: {CORE_REFUSED[name]}")
@@ -72,7 +74,7 @@ def parse_core_request(inputs: Mapping[str, np.ndarray], text: TextInputs, *, de
     _check_sizes(inputs, text, rows)
     counts = generation_counts(inputs, rows, decoupled, limits, "tensorrt_llm")
     return [generation for r, count in enumerate(counts)
-            for generation in _row_generations(_Row(inputs, r), r, count, text, decoupled, exclude_input)]
+            for generation in _row_generations(_Row(inputs, r), r, count, text, decoupled, exclude_input, wrap_ids)]
 
 
 def _check_sizes(inputs: Mapping[str, np.ndarray], text: TextInputs, rows: int) -> None:
@@ -99,23 +101,26 @@ def _check_sizes(inputs: Mapping[str, np.ndarray], text: TextInputs, rows: int) 
 
 
 def _row_generations(row: _Row, index: int, count: int, text: TextInputs, decoupled: bool,
-                     exclude_input: bool) -> list[Generation]:
+                     exclude_input: bool, wrap_ids: bool) -> list[Generation]:
     stream = checked_row_flags(row, CORE_OFF_ONLY, ("len_penalty", "beam_search_diversity_rate"), "streaming", count,
                                decoupled, "tensorrt_llm", text)
-    prompt_ids = _prompt(row, text)
+    prompt_ids = _prompt(row, text, wrap_ids)
     spec = _spec(row, text, len(prompt_ids))
     echo = not stream and not row.value("exclude_input_in_output", exclude_input)
     return [Generation(index, n, prompt_ids, replace(spec, seed=(spec.seed + n) % SEED_RANGE), stream, echo)
             for n in range(count)]
 
 
-def _prompt(row: _Row, text: TextInputs) -> list[int]:
-    """The row's ``input_ids`` up to its ``input_lengths`` (the rest is padding), checked."""
+def _prompt(row: _Row, text: TextInputs, wrap_ids: bool) -> list[int]:
+    """The row's ``input_ids`` up to its ``input_lengths`` (the rest is padding), checked; with
+    ``wrap_ids`` an id >= the vocabulary size is folded into it (negative ids are refused either way)."""
     ids = row.array("input_ids").reshape(-1)
     length = row.value("input_lengths")
     if not 1 <= length <= ids.size:
         raise RequestError(f"input_lengths {length} must be in [1, {ids.size}] (the ids in input_ids' row)")
     prompt = ids[:length]
+    if wrap_ids:
+        prompt = np.where(prompt >= 0, prompt % text.vocab_size, prompt)
     outside = prompt[(prompt < 0) | (prompt >= text.vocab_size)]
     if outside.size:
         raise RequestError(f"input_ids holds id {int(outside[0])}, outside the vocabulary [0, {text.vocab_size})")
