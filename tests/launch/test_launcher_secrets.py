@@ -89,3 +89,65 @@ def test_as_another_local_user_no_secret_can_be_read(server: TritonServer) -> No
         assert as_nobody(f"/proc/{pid}/environ").returncode != 0
     for path in (pair_file, peer_file):
         assert Path(path).exists() and as_nobody(path).returncode != 0, path
+
+
+class _RecordingPopen:
+    """Stands in for subprocess.Popen in openai_process: records the command and the environment."""
+
+    started: list["_RecordingPopen"] = []
+
+    def __init__(self, args: list[str], env: dict[str, str], **_: object) -> None:
+        self.args, self.env, self.returncode = args, env, 0
+        self.stdout = iter(())
+        _RecordingPopen.started.append(self)
+
+    def poll(self) -> int:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+    def send_signal(self, _signal: int) -> None:
+        pass
+
+
+def test_the_openai_server_gets_its_key_in_a_private_file_never_in_its_command_line_or_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenrouter.launch import openai_process
+
+    monkeypatch.setattr(openai_process.subprocess, "Popen", _RecordingPopen)
+    monkeypatch.setenv(API_KEY_ENV, API_KEY)  # the caller's environment must not reach the child either
+    server = openai_process.OpenAIServer(tmp_path, "127.0.0.1:1", port=19999, api_key=API_KEY).start()
+    child = _RecordingPopen.started[-1]
+    assert not [arg for arg in child.args if API_KEY in arg]
+    assert not [value for value in child.env.values() if API_KEY in value] and API_KEY_ENV not in child.env
+    key_file = Path(next(arg.split("=", 1)[1] for arg in child.args if arg.startswith("--api-key-file=")))
+    assert key_file.read_text() == API_KEY and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    server.stop()
+    assert not key_file.exists()
+
+
+def test_read_api_key_takes_the_file_then_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenrouter.openai_server.app import read_api_key
+
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    (tmp_path / "key").write_text(API_KEY + "\n")
+    assert read_api_key(tmp_path / "key") == API_KEY and read_api_key(None) == "from-env"
+    (tmp_path / "empty").write_text("")
+    for path in (tmp_path / "empty", tmp_path / "missing"):
+        with pytest.raises(ValueError, match=str(path)):
+            read_api_key(path)
+    monkeypatch.delenv(API_KEY_ENV)
+    assert read_api_key(None) is None
+
+
+def test_serve_refuses_a_key_on_its_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from tokenrouter.launch import serve
+
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    # a config that does not exist: had the key been taken, the run would end there, with another message
+    assert serve.run(parser.parse_args(["--api-key", API_KEY, "--config", "/nonexistent.yaml"])) == 2
+    assert "--api-key-file" in capsys.readouterr().err

@@ -2,7 +2,8 @@
 
 Its own process (its event loop and JSON work never take the launcher's or a stub's CPU time
 slice), its own process group (Ctrl-C reaches the launcher, which drains it), dying with the
-launcher. The API key travels in the environment, never on the command line (``ps`` shows that).
+launcher. The API key travels in a file only this user can read, named on the command line; never
+the key itself on a command line (every local user can read those) or in its environment.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..openai_server.app import API_KEY_ENV
+from ..openai_server.app import API_KEY_ENV, API_KEY_FILE_ENV
+from ..serving.peer_auth import private_folder, write_private_file
 
 from .triton_server import TritonError, _die_with_parent
 
@@ -45,6 +47,7 @@ class OpenAIServer:
     drain_timeout_s: float = 30.0
     log_sink: Callable[[str], None] | None = None
     process: subprocess.Popen[str] | None = field(default=None, init=False)
+    _key_file: Path | None = field(default=None, init=False, repr=False)
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=40), init=False)
 
     @property
@@ -52,14 +55,16 @@ class OpenAIServer:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
+        key_file = [f"--api-key-file={self._key_file}"] if self._key_file is not None else []
         return [sys.executable, "-m", "tokenrouter.openai_server", f"--model-repository={self.repository}",
                 f"--triton-url={self.triton_url}", f"--host={self.host}", f"--port={self.port}",
-                f"--drain-timeout={self.drain_timeout_s:g}"]
+                f"--drain-timeout={self.drain_timeout_s:g}", *key_file]
 
     def start(self) -> "OpenAIServer":
-        env = {key: value for key, value in os.environ.items() if key != API_KEY_ENV}
-        if self.api_key:
-            env[API_KEY_ENV] = self.api_key
+        env = {key: value for key, value in os.environ.items() if key not in (API_KEY_ENV, API_KEY_FILE_ENV)}
+        if self.api_key:  # one file per launcher and port, removed at stop
+            self._key_file = write_private_file(private_folder() / f"openai-api-key-{os.getpid()}-{self.port}",
+                                                self.api_key)
         self.process = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
                                         preexec_fn=_die_with_parent)
@@ -113,4 +118,6 @@ class OpenAIServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self._key_file is not None:
+            self._key_file.unlink(missing_ok=True)
         return self.process.returncode

@@ -28,7 +28,9 @@ from tokenrouter.serving.pair_secret import PairSecretError, pair_secret
 from tokenrouter.serving.repository import CORE_MODEL, read_repository, render_repository, served_models
 
 from .openai_process import DEFAULT_PORT as OPENAI_PORT
-from .openai_process import API_KEY_ENV, OpenAIServer
+from tokenrouter.openai_server.app import API_KEY_ENV, API_KEY_FILE_ENV, read_api_key
+
+from .openai_process import OpenAIServer
 from .paths import model_repository_dir, runtime_dir, shipped_config
 from .supervisor import Supervisor
 from .triton_server import (
@@ -70,9 +72,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--openai-port", type=int, default=OPENAI_PORT,
                         help=f"the OpenAI-compatible API (/v1/chat/completions, ...; default {OPENAI_PORT})")
     parser.add_argument("--no-openai", action="store_true", help="do not start the OpenAI-compatible server")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
-                        help=f"the OpenAI API then requires 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; "
-                             "unset: no key). Triton's own ports have no authentication")
+    parser.add_argument("--api-key-file", default=os.environ.get(API_KEY_FILE_ENV), metavar="PATH",
+                        help=f"the OpenAI API then requires 'Authorization: Bearer KEY', KEY read from PATH "
+                             f"(default: ${API_KEY_FILE_ENV}, else the key in ${API_KEY_ENV}; neither: no key). "
+                             "Triton's own ports have no authentication")
+    parser.add_argument("--api-key", help=argparse.SUPPRESS)  # refused in run(): a key on a command line
     parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                         help="on SIGTERM/Ctrl-C: seconds that requests in flight get to finish while new ones "
                              "are refused; the rest then end with 'the server is shutting down' (default 30)")
@@ -167,7 +171,13 @@ def _ignore_stop_signals() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.api_key is not None:
+        print(f"tokenrouter serve: --api-key puts the key on the command line, which every local user can read "
+              f"(/proc/<pid>/cmdline); put it in a file only you can read and pass --api-key-file PATH (or set "
+              f"{API_KEY_FILE_ENV})", file=sys.stderr)
+        return 2
     try:
+        api_key = read_api_key(args.api_key_file)
         repository = prepare_repository(args)
         install = find_triton()
         model_file = BACKEND_MODEL_FILE if BACKEND_MODEL_FILE.is_file() else None
@@ -178,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         backend_dir = build_backend_dir(install, RUNTIME / f"serve-{os.getpid()}" / "backends", model_file)
         if _needs_pair_secret(repository):
             pair_secret()  # here, not in a stub's load: the message says how to give it (start() moves it)
-    except (ConfigError, TritonError, PairSecretError) as err:
+    except (ConfigError, TritonError, PairSecretError, ValueError) as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C while models are fetched or converted
@@ -196,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     doors = [*fronts, CORE_MODEL] if fronts else []
     # an OpenAI API needs TokenRouter's fronts; it drains a little longer than Triton, whose errors it relays
     api = None if args.no_openai or not fronts else OpenAIServer(
-        repository, server.grpc_url, host=args.host, port=args.openai_port, api_key=args.api_key,
+        repository, server.grpc_url, host=args.host, port=args.openai_port, api_key=api_key,
         drain_timeout_s=args.drain_timeout + ENDING_GRACE_S, log_sink=write_lines(sys.stderr))
     try:
         announce(f"{install.binary} with {repository}")
@@ -208,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
                  f"gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. Ctrl-C stops.")
         if api is not None:
             announce(f"OpenAI API: {api.url}/v1 (models {', '.join(fronts)}; "
-                     f"{'Authorization: Bearer <key> required' if args.api_key else 'no API key'})")
+                     f"{'Authorization: Bearer <key> required' if api_key else 'no API key'})")
         announce(f"to apply an edit of a config.pbtxt: kill -HUP {os.getpid()} (drains, then restarts tritonserver)")
         announce(f"started in {server.start_times.summary()}")
         if _needs_pair_secret(repository):

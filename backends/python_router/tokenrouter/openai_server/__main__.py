@@ -13,7 +13,7 @@ from pathlib import Path
 
 import uvicorn
 
-from .app import API_KEY_ENV, create_app
+from .app import API_KEY_ENV, API_KEY_FILE_ENV, create_app, read_api_key
 from .http_limits import server_config
 from .served import ServedPair
 
@@ -23,8 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--triton-url", default="127.0.0.1:8001", help="Triton's gRPC address (default 127.0.0.1:8001)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=9000)
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                        help=f"require 'Authorization: Bearer <key>' on /v1 (default: ${API_KEY_ENV}; none: open)")
+    parser.add_argument("--api-key-file", type=Path, default=os.environ.get(API_KEY_FILE_ENV), metavar="PATH",
+                        help=f"require 'Authorization: Bearer <key>' on /v1, the key read from PATH (default: "
+                             f"${API_KEY_FILE_ENV}, else the key in ${API_KEY_ENV}; neither: open)")
     parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                         help="on SIGTERM: seconds the requests in flight get to finish (default 30)")
     parser.add_argument("--log-level", default="warning")
@@ -34,7 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tokenrouter.openai_server", description=__doc__)
     configure(parser)
     args = parser.parse_args(argv)
-    app = create_app(ServedPair.from_repository(args.model_repository), args.triton_url, args.api_key)
+    try:
+        api_key = read_api_key(args.api_key_file)
+    except ValueError as err:
+        parser.error(str(err))
+    app = create_app(ServedPair.from_repository(args.model_repository), args.triton_url, api_key)
     uvicorn.Server(server_config(app, args.host, args.port, drain_timeout_s=args.drain_timeout,
                                  log_level=args.log_level)).run()
 

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from jinja2 import TemplateError
@@ -36,7 +37,22 @@ from .served import ServedPair
 from .triton_stream import TritonChannel
 
 log = logging.getLogger(__name__)
-API_KEY_ENV = "TOKENROUTER_API_KEY"
+API_KEY_ENV = "TOKENROUTER_API_KEY"  # the key itself (the caller's environment)
+API_KEY_FILE_ENV = "TOKENROUTER_API_KEY_FILE"  # or a file that holds it (a mounted Docker/Kubernetes secret)
+
+
+def read_api_key(path: str | Path | None) -> str | None:
+    """The OpenAI API's key: the content of ``path`` when given, else ``$TOKENROUTER_API_KEY``; None: no key.
+    Never an argument of its own: a command line is readable by every local user (/proc/<pid>/cmdline)."""
+    if path:
+        try:
+            key = Path(path).read_text().strip()
+        except OSError as err:
+            raise ValueError(f"the API key file {path}: cannot read it ({err.strerror})") from None
+        if not key:
+            raise ValueError(f"the API key file {path} is empty")
+        return key
+    return os.environ.get(API_KEY_ENV) or None
 TOKENIZING_WORKERS = max(1, min(4, (os.cpu_count() or 2) // 2))  # long prompts' counting: a core or so each
 
 

@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .peer_auth import write_private_file
+
 PAIR_SECRET_FILE_ENV = "TOKENROUTER_PAIR_SECRET_FILE"
 PAIR_SECRET_ENV = "TOKENROUTER_PAIR_SECRET"
 PAIR_SECRET_PARAMETER = "tokenrouter_pair_secret"
@@ -59,9 +61,7 @@ def move_secret_to_file(env: dict[str, str], path: Path) -> bool:
     secret = env.pop(PAIR_SECRET_ENV, None)
     if not secret or env.get(PAIR_SECRET_FILE_ENV):
         return False
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(secret)
+    write_private_file(path, secret)
     env[PAIR_SECRET_FILE_ENV] = str(path)
     return True
 

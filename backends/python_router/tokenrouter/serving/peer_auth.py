@@ -73,6 +73,14 @@ def private_folder(folder: Path | None = None) -> Path:
     return folder
 
 
+def write_private_file(path: Path, text: str) -> Path:
+    """``text`` into ``path``, readable by this user only (0600 from its creation, never a moment wider)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(text)
+    return path
+
+
 def secret_path(server_pid: int, folder: Path | None = None) -> Path:
     """Where the secret of tritonserver ``server_pid`` lives: its pid and start time name it, so
     a reused pid gets a new secret."""
