@@ -16,7 +16,9 @@ from tokenrouter.serving.peer_auth import carries_secret, peer_parameters, secre
 # a stand-in for a stub: reads the secret, then starts a process of its own (an engine's worker, a tool a
 # library runs), which inherits its environment; prints the secret and that process's pid
 STUB = ("import subprocess; from pathlib import Path; from tokenrouter.serving.peer_auth import server_secret; "
-        "secret = server_secret(folder=Path({!r})); print(secret); print(subprocess.Popen(['sleep', '30']).pid)")
+        "secret = server_secret(folder=Path({!r})); print(secret); "
+        "print(subprocess.Popen(['sleep', '30'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)")
+# (the worker holds neither of the stub's output pipes: the stand-in server reads them to their end)
 # a stand-in for tritonserver: starts a "stub" that prints the secret it reads, then stays up
 SERVER = ("import subprocess, sys, time; print(subprocess.run([sys.executable, '-c', sys.argv[1]], "
           "capture_output=True, text=True, check=True).stdout, flush=True); time.sleep(60)")
@@ -36,7 +38,8 @@ def test_the_launcher_and_the_stubs_of_one_start_share_one_secret_in_a_private_f
         assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(folder.stat().st_mode) == 0o700
         worker = int(server.stdout.readline())  # started by the stub after it had the secret
         try:
-            assert made.encode() not in Path(f"/proc/{worker}/environ").read_bytes()
+            environ = Path(f"/proc/{worker}/environ").read_bytes()
+            assert b"PATH=" in environ and made.encode() not in environ  # a live worker's, not a zombie's (empty)
         finally:
             os.kill(worker, signal.SIGKILL)
     finally:

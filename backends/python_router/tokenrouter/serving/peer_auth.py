@@ -50,10 +50,7 @@ def server_secret(server_pid: int | None = None, folder: Path | None = None) -> 
     path = secret_path(os.getppid() if server_pid is None else server_pid, folder)
     private_folder(path.parent)
     _remove_secrets_of_dead_servers(path.parent)
-    staging = path.parent / f".{path.name}.{os.getpid()}"
-    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(new_secret())
+    staging = write_private_file(path.parent / f".{path.name}.{os.getpid()}", new_secret())
     try:
         os.link(staging, path)  # atomic: the first one's secret wins, the others read it
     except FileExistsError:
