@@ -73,3 +73,16 @@ def test_relative_imports_resolve_to_real_modules() -> None:
     front_model = imported_modules(PACKAGE / "serving" / "front" / "front_model.py")
     assert {"tokenrouter.serving.schema", "tokenrouter.request_builder", "tokenrouter.serving.front.front_writer",
             "tokenrouter.serving.text.text_inputs"} <= front_model
+
+
+@pytest.mark.parametrize("path", _serving_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_each_serving_file_is_on_both_maps(path: Path) -> None:
+    """serving/__init__.py and docs/runtime.md say which process runs each file and what it does there;
+    a file missing from them is one a newcomer cannot place."""
+    if path.name == "__init__.py":
+        return
+    relative = path.relative_to(PACKAGE / "serving").as_posix()
+    assert path.name in (PACKAGE / "serving" / "__init__.py").read_text(), f"{relative} is not on serving's map"
+    runtime_doc = PACKAGE.parents[2] / "docs" / "runtime.md"
+    assert f"`serving/{relative}" in runtime_doc.read_text() or (
+        f"`{path.name}`" in runtime_doc.read_text()), f"{relative} is not on docs/runtime.md's map"

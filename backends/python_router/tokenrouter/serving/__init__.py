@@ -15,8 +15,11 @@ front/  the front models' stubs (``tokenrouter``, ``ensemble``, ``tensorrt_llm_b
                                             cancels their requests at the entry by key
     entry_call.py       stream_from_entry   the front's BLS calls to the entry subserver (a generation's
                         cancel_at_entry     stream; cancelling by key)
-    core_model.py       TritonPythonModel   ``tensorrt_llm`` (its own stub): TensorRT-LLM's core model name,
-                                            a decoupled model that refuses each request with what to call
+    core_model.py       TritonPythonModel   ``tensorrt_llm`` (its own stub): TensorRT-LLM's core model, token
+                                            ids in and out, a front in all but its tensors
+    core_request.py     parse_core_request  TensorRT-LLM's core inputs -> generations (Triton-free), every
+                                            list bounded by its shape first
+    core_outputs.py     CoreOutput          the entry's chunks -> the core model's outputs (output_ids, ...)
 
 subserver/  the python_router backend's stubs (one per model: ``slm``, ``llm``, ...; and ``routing_policy``)
     backend_model.py    TritonPythonModel   what Triton loads as python_router/model.py; picks the model kind
@@ -29,7 +32,12 @@ subserver/  the python_router backend's stubs (one per model: ``slm``, ``llm``, 
     output_chunk.py     OutputChunk         one response's output as SUBSERVER_OUTPUTS tensors
     triton_sink.py      TritonSink          the runtime's client sink: output events -> chunks
     tracked_requests.py TrackedRequests     the senders being answered; the keys fronts named them by
-    bls_transport.py    BlsTransport        peer messages to the other subservers by BLS
+    bls_transport.py    BlsTransport        peer messages to the other subservers of this server by BLS
+    placed_transport.py PlacedTransport     peers here by BLS, peers on other servers by their link
+    peer_link.py        PeerLink            one direction to a peer on another server: numbered batches on
+                                            one stream, heartbeat, reconnect, give-up
+    peer_sessions.py    PeerSessions        the receiving end of those links: each batch applied once, in order
+    grpc_channel.py     TritonStream        a link's stream: Triton's ModelStreamInfer into the peer model
     metrics.py          SubserverMetrics    custom metric families on Triton's metrics port
     trt_llm_metrics.py  TrtLlmMetrics       TensorRT-LLM's nv_trt_llm_* families
 
@@ -44,7 +52,8 @@ text/  the standalone text models' stubs (``preprocessing``, ``postprocessing``)
 
 top  shared by the processes above (and the launcher, and clients for the schema)
     schema.py           CLIENT_INPUTS, ...  every tensor's name, dtype, dims; PEER_INPUT, PREFIX_TOKENS
-    peer_auth.py        server_secret       the per-start secret, request keys, control parameters
+    peer_auth.py        server_secret       the per-start secret, request keys, control parameters; private files
+    pair_secret.py      pair_secret         the secret the servers of one deployment share (several servers)
     error_codes.py      code_name           Triton error codes by name, for errors sent as data
     cancel_polling.py   cancel_poll_interval  how often a writer polls its senders for cancellation
     cpu_sampler.py      CpuSampler          a stub's on-CPU stack sampling (TOKENROUTER_PROFILE)
