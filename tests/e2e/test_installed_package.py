@@ -124,10 +124,12 @@ print(json.dumps({"modules": [m.__file__ for m in (tokenrouter, tokenrouter_engi
     assert {"tiny.yaml", "qwen2.5-coder.yaml", "qwen2.5-coder-gpu.yaml"} <= set(found["configs"])
     assert found["recipe"] == "PairRecipe"
     # Every module imports with the declared dependencies alone, but for Triton's module (it exists
-    # only inside a stub) and, in the developer tools, pyproject's optional `bench` dependencies.
+    # only inside a stub), in the developer tools pyproject's optional `bench` dependencies, and in the
+    # fleet its optional `fleet` one (NVIDIA Dynamo, whose module is `dynamo`).
     for module, missing in found["missing"].items():
-        tools = module.startswith("tokenrouter_tools")
+        tools, fleet = module.startswith("tokenrouter_tools"), module.startswith("tokenrouter.fleet")
         allowed = {"triton_python_backend_utils"} | (bench_modules() if tools else set())
+        allowed |= {"dynamo"} if fleet else set()
         assert missing in allowed, f"{module} imports {missing}, which pyproject.toml does not declare"
 
 

@@ -103,9 +103,10 @@ def test_every_fault_at_every_step_answers_once_and_unregisters(make_request, ki
 def test_a_front_request_that_fails_is_answered_as_data() -> None:
     """An error after a front's first response would never reach it through BLS (Triton 2.51), so
     a front's failed request ends with finish_reason "error", its message and code as data; a
-    client's gets an error response. Catches an in-band error sent to a client, or an error response
-    sent to a front."""
-    for make_request, in_band in ((front_request, True), (client_request, False)):
+    client's gets an error response (a direct client's prompt is refused: the entry is internal).
+    Catches an in-band error sent to a client, or an error response sent to a front."""
+    internal = "'slm' is internal to this server: send token ids to 'tensorrt_llm'"
+    for make_request, in_band, message in ((front_request, True, "bad max_tokens"), (client_request, False, internal)):
         faults = Faults(0, RuntimeError)
         pb = fake_pb(faults)
         subserver = FakeSubserver(faults)
@@ -117,14 +118,17 @@ def test_a_front_request_that_fails_is_answered_as_data() -> None:
         finally:
             writer.close()
         final, = request.sender.finals
-        assert error_of(final) == ("bad max_tokens", "INVALID_ARG")
+        text, code = error_of(final)
+        assert text.startswith(message) and code == "INVALID_ARG"
         assert (final.error is None) == in_band
 
 
-def test_a_clean_client_request_is_submitted_and_answered() -> None:
-    faults, request, subserver = _run_once(client_request, 0, RuntimeError)
+def test_a_clean_front_request_is_submitted_and_a_direct_clients_is_refused_unsubmitted() -> None:
+    _, request, subserver = _run_once(front_request, 0, RuntimeError)
     assert len(subserver.sinks) == 1 and len(request.sender.finals) == 1
     assert error_of(request.sender.finals[0]) is None
+    _, request, subserver = _run_once(client_request, 0, RuntimeError)
+    assert not subserver.sinks and error_of(request.sender.finals[0])[1] == "INVALID_ARG"
 
 
 def test_a_peer_message_with_the_secret_is_delivered() -> None:

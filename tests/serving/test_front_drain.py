@@ -26,7 +26,7 @@ REASON = "the server is restarting to apply a configuration change; try again in
 
 def request(parameters: dict[str, str], sender: FakeSender) -> SimpleNamespace:
     return SimpleNamespace(get_response_sender=lambda: sender, parameters=lambda: json.dumps(parameters),
-                           inputs=lambda: [], requested_output_names=lambda: [])
+                           inputs=lambda: [], requested_output_names=lambda: [], request_id=lambda: "")
 
 
 def answer(writer: FrontWriter, sender: FakeSender) -> Any:

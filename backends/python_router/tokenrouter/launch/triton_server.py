@@ -32,6 +32,7 @@ from tokenrouter.procfs import proc_stat
 from tokenrouter.openai_server.app import API_KEY_ENV
 from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, move_secret_to_file
 from tokenrouter.serving.peer_auth import control_parameters, private_folder, secret_path, server_secret
+from tokenrouter.serving.repository import CORE_MODEL
 from tokenrouter.serving.schema import PEER_INPUT
 
 from .paths import backend_model_file
@@ -415,8 +416,10 @@ class TritonServer:
         import numpy as np
         import tritonclient.grpc as grpcclient
 
+        # an input the model declares: the entry's peer input, else a flag (TensorRT-LLM's core model names it
+        # ``streaming``, the fronts ``stream``); what it says is never read
         name, datatype, value = (PEER_INPUT, "BYTES", np.array([[b"[]"]], dtype=np.object_)) if subserver else \
-            ("stream", "BOOL", np.array([[False]]))
+            ("streaming" if model == CORE_MODEL else "stream", "BOOL", np.array([[False]]))
         payload = grpcclient.InferInput(name, [1, 1], datatype)
         payload.set_data_from_numpy(value)
         answers: queue.Queue = queue.Queue()
