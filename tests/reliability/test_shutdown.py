@@ -54,6 +54,20 @@ def _openai_stream(port: int, seed: int) -> tuple[str, int]:
         chunks[-1].usage.completion_tokens
 
 
+def _refused_within(url: str, seconds: float) -> bool:
+    """Whether a new request is refused with the shutdown reason within ``seconds`` (a request taken before
+    the drain reached the front just finishes)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            grpc_stream(url, inputs(text_input="x", max_tokens=2), timeout_s=30)
+        except InferenceServerException as refused:
+            assert "the server is shutting down; try again" in str(refused), refused
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path) -> None:
     """Sixteen gRPC streams and two through the OpenAI server: all finish after SIGTERM, new requests
     are refused by both servers, nothing is left."""
@@ -76,11 +90,10 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
             # for the OpenAI clients to connect: they were then refused after the SIGTERM)
             assert not any(s.done() for s in streams + openai_streams), "streams finished before SIGTERM"
             launcher.send_signal(signal.SIGTERM)
-            time.sleep(0.5)
-            # admission is closed while draining: the front refuses by state, the server answers (a dead
-            # one would fail the connection instead)
-            with pytest.raises(InferenceServerException, match="the server is shutting down; try again"):
-                grpc_stream(url, inputs(text_input="x", max_tokens=2), timeout_s=30)
+            # admission is closed while draining: the front refuses by state once the launcher's drain call
+            # reached it (a fixed 0.5 s was not always enough on a loaded machine), the server answers (a
+            # dead one would fail the connection instead)
+            assert _refused_within(url, 10.0), "no new request was refused within 10 s of the SIGTERM"
             with pytest.raises(openai.APIConnectionError):  # the OpenAI server takes no new connection
                 _openai_stream(launcher.openai_port, 9)
             for stream in streams:
