@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import signal
+import stat
 import time
 from pathlib import Path
 
@@ -79,6 +80,8 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
             assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1 only, not 0.0.0.0
         regions = shm_regions_of(server_pids)  # only this server's: others may run on the machine
         assert regions, "the server's stubs should have shared-memory regions"
+        # readable by this user only (the backend makes them 0644: any local account could read them)
+        assert {stat.S_IMODE(region.stat().st_mode) for region in regions} == {0o600}
         with concurrent.futures.ThreadPoolExecutor(STREAMS + 2) as pool:
             streams = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
                                                             max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS,

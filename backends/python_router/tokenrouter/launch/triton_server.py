@@ -332,6 +332,7 @@ class TritonServer:
             if self.is_ready():
                 self.start_times.ready = time.monotonic()
                 self.ready_stubs, self.ready_regions = self.stubs(), self._shm_regions()
+                make_private(self.ready_regions)
                 return self
             time.sleep(0.25)
         raise TritonError(f"tritonserver not ready after {timeout_s:.0f} s; last log lines:\n{self.log_tail()}")
@@ -497,6 +498,17 @@ def _age_s(path: Path) -> float:
         return time.time() - path.stat().st_mtime
     except FileNotFoundError:  # removed meanwhile by its server
         return 0.0
+
+
+def make_private(paths: set[Path]) -> None:
+    """Mode 0600 for these files of this user: the Python backend creates its shared-memory regions 0644,
+    so every local account could read the tensors and parameters in them. The processes that map them
+    keep their mappings, and the backend reopens a growing region as this same user."""
+    for path in paths:
+        try:
+            path.chmod(0o600)
+        except OSError:  # gone with a stub that just died: the supervisor deals with that
+            pass
 
 
 def remove_stale_shm_regions(min_age_s: float = 60.0) -> list[Path]:
