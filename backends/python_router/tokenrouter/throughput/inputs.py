@@ -93,9 +93,15 @@ def placement(N: int, workers: Sequence[int]) -> np.ndarray:
 
 
 def check_pool_thresholds(B: Sequence[int], workers: Sequence[int], N: int) -> tuple[int, ...]:
-    """The deadlock guard per group of instances that share requests: sum over the group's instances
-    of (B_i - 1) < the group's requests. The pair's rule sum(B_i - 1) < N is this with one group."""
+    """Thresholds every instance can reach: B_i at most the requests pinned to the least loaded
+    instance of model i (else it never starts and its requests stay there), and the deadlock guard
+    per group of instances that share requests: sum over the group's instances of (B_i - 1) < the
+    group's requests. With one instance per model that is the pair's rule sum(B_i - 1) < N."""
     thresholds = check_thresholds(B, len(workers), N)
+    for model, (w, b) in enumerate(zip(workers, thresholds)):
+        if b > N // w:
+            raise ValueError(f"B[{model}] = {b} but an instance of model {model} holds only {N // w} of the N = {N} "
+                             f"requests with workers = {list(workers)}: it would never start")
     groups = math.gcd(*workers)
     for group in range(groups):
         requests = len(range(group, N, groups))
