@@ -99,7 +99,7 @@ def test_more_workers_never_hurt_and_the_limiting_pool_gets_them() -> None:
     """Sanity: adding a worker to either pool does not lower throughput by more than noise and phase
     (with eager batching a third entry worker coupled to two large ones spreads their arrivals into
     smaller steps: 3 + 2 is 0.4 % under 2 + 2 at p = 0.35), and the best split of a budget moves toward
-    the large model when it is the bottleneck and away from it when not."""
+    the large model when it is the bottleneck and away from it when it is not."""
     N, L = 12, _sloped(12)
     for P in ([[0.65, 0.35], [1.0, 0.0]], [[0.95, 0.05], [1.0, 0.0]]):
         base = predict_pools(P, PAPER_C, L, [1, 1], N, [2, 2], events=10_000).simulated
@@ -107,7 +107,7 @@ def test_more_workers_never_hurt_and_the_limiting_pool_gets_them() -> None:
             assert predict_pools(P, PAPER_C, L, [1, 1], N, workers, events=10_000).simulated >= 0.98 * base
     heavy, _ = best_split([[0.2, 0.8], [1.0, 0.0]], PAPER_C, L, [1, 1], N, 6, events=10_000)
     light, _ = best_split([[0.95, 0.05], [1.0, 0.0]], PAPER_C, L, [1, 1], N, 6, events=10_000)
-    assert heavy[1] > heavy[0] and light[0] > light[1]
+    assert heavy[1] > heavy[0] and light[1] < heavy[1]
 
 
 def test_best_split_leaves_out_splits_that_could_deadlock() -> None:
