@@ -58,6 +58,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="size pools instead: simulated throughput of every split of BUDGET workers over the "
                              "models (requests pinned to one instance of each), and the best; thresholds from --B "
                              "(default 1 each), completions from --monte-carlo (default 40000)")
+    parser.add_argument("--search-B", dest="search_B", type=int, default=0, metavar="MAX",
+                        help="with --pools: each split runs its best thresholds in 1..MAX per model (MAX^M "
+                             "simulations per split) instead of --B")
     parser.add_argument("--pairs-chain", dest="pairs_chain", action="store_true",
                         help="with --pools: also solve the chain (needs delta) for splits with as many workers per "
                              "model, which are independent pairs (minutes past about 12 requests per pair)")

@@ -118,16 +118,24 @@ def test_best_split_leaves_out_splits_that_could_deadlock() -> None:
         best_split(PAPER_P, PAPER_C, PAPER_L, [3, 5], 6, 4, events=2_000)
 
 
+def test_threshold_search_finds_the_chains_best_thresholds() -> None:
+    """With one worker per model the search over B is the pair's: the chain's B* at N = 4 is [1, 3]
+    (207.95 tokens/s, 6 % above the next), and the search runs every feasible B in {1..4}^2."""
+    best, [prediction] = best_split(PAPER_P, PAPER_C, PAPER_L, [1, 1], 4, 2, search_B=4, events=20_000)
+    assert best == (1, 1) and prediction.B == (1, 3)
+    assert prediction.simulated == pytest.approx(predict(PAPER_P, PAPER_C, PAPER_L, [1, 3], 4, DELTA), rel=0.02)
+
+
 def test_command_prints_every_split_and_the_best(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["throughput", "--P", "0.2,0.8;1,0", "--C", "1,0;1,0", "--L-ms", "6.0", "27.9", "--L-slope-ms", "0.1",
             "0.4", "--N", "8", "--pools", "4", "--monte-carlo", "5000", "--pairs-chain", "--delta-ms", "0.1"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    rows = re.findall(r"^([* ]) (\d) \+ (\d)\s+([\d.]+)\s+([\d.]+)\s+(\S+)$", out, re.MULTILINE)
+    rows = re.findall(r"^([* ]) (\d) \+ (\d)\s+\[1, 1\]\s+([\d.]+)\s+([\d.]+)\s+(\S+)$", out, re.MULTILINE)
     assert [(r[1], r[2]) for r in rows] == [("1", "3"), ("2", "2"), ("3", "1")]
     assert [r[5] for r in rows] == ["-", rows[1][5], "-"] and float(rows[1][5]) > 0  # the chain: 2 pairs only
     best = max(rows, key=lambda r: float(r[3]))
-    assert best[0] == "*" and f"best split = {best[1]} + {best[2]}" in out
+    assert best[0] == "*" and f"best split = {best[1]} + {best[2]}, B = [1, 1]" in out
     assert "2 pairs:" in out
 
 

@@ -16,7 +16,8 @@ discrete-event simulation (``montecarlo.simulate(workers=...)``), which follows 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import product
 from typing import Sequence
 
 import numpy as np
@@ -37,6 +38,7 @@ def splits_of(budget: int, M: int) -> list[tuple[int, ...]]:
 @dataclass(frozen=True)
 class PoolPrediction:
     workers: tuple[int, ...]  # instances per model
+    B: tuple[int, ...]  # the threshold of every instance of each model
     simulated: float  # tokens/s, discrete-event simulation
     chain: float | None  # tokens/s from the Markov chain, where the pools are independent pairs
 
@@ -56,32 +58,51 @@ def predict_pools(P: Matrix, C: Matrix, L: Sequence[Latency], B: Sequence[int], 
     workers = check_workers(workers, len(p), N)
     B = check_pool_thresholds(B, workers, N)
     simulated = simulate(p, c, L, B, N, events=events, seed=seed, handoff_s=handoff_s, workers=workers)
-    chain = None
-    if delta is not None and len(set(workers)) == 1:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CoarseGridWarning)  # a rounded grid is fine for a sizing table
-            chain = sum(predict(p, c, L, B, len(range(group, N, workers[0])), delta, snap=snap, handoff_s=handoff_s)
-                        for group in range(workers[0]))
-    return PoolPrediction(workers, simulated, chain)
+    chain = _pairs_chain(p, c, L, B, N, workers, delta, snap, handoff_s) if delta is not None else None
+    return PoolPrediction(workers, B, simulated, chain)
+
+
+def _pairs_chain(p: np.ndarray, c: np.ndarray, L: Sequence[Latency], B: tuple[int, ...], N: int,
+                 workers: tuple[int, ...], delta: float, snap: bool, handoff_s: float) -> float | None:
+    """The chain's throughput where every model has as many workers (independent pairs), else None."""
+    if len(set(workers)) != 1:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CoarseGridWarning)  # a rounded grid is fine for a sizing table
+        return sum(predict(p, c, L, B, len(range(group, N, workers[0])), delta, snap=snap, handoff_s=handoff_s)
+                   for group in range(workers[0]))
 
 
 def best_split(P: Matrix, C: Matrix, L: Sequence[Latency], B: Sequence[int], N: int, budget: int, *,
-               delta: float | None = None, snap: bool = False, events: int = 100_000, seed: int = 0,
-               handoff_s: float = 0.0) -> tuple[tuple[int, ...], list[PoolPrediction]]:
+               search_B: int = 0, delta: float | None = None, snap: bool = False, events: int = 100_000,
+               seed: int = 0, handoff_s: float = 0.0) -> tuple[tuple[int, ...], list[PoolPrediction]]:
     """The split of ``budget`` workers over the models with the highest simulated throughput, and
-    every split's prediction. Splits whose thresholds could deadlock are left out. All splits use
-    the same random seed, so their differences are not noise between runs."""
+    every split's prediction. Each split runs ``B``, or with ``search_B`` the best of every B in
+    {1..search_B}^M that it can run (ties to the smaller thresholds). Thresholds a split could
+    deadlock with are skipped, and a split with none left is left out. Every run uses the same
+    random seed, so differences between splits are not noise between runs."""
+    p, c = check_matrices(P, C)
+    N = check_population(N)
+    candidates = list(product(range(1, search_B + 1), repeat=len(p))) if search_B > 0 else [tuple(B)]
     predictions = []
-    for workers in splits_of(budget, len(np.asarray(P))):
+    for workers in splits_of(budget, len(p)):
         if any(w > N for w in workers):
             continue
-        try:
-            check_pool_thresholds(B, workers, N)
-        except ValueError:
-            continue
-        predictions.append(predict_pools(P, C, L, B, N, workers, delta=delta, snap=snap, events=events, seed=seed,
-                                         handoff_s=handoff_s))
+        best_here: PoolPrediction | None = None
+        for thresholds in candidates:
+            try:
+                check_pool_thresholds(thresholds, workers, N)
+            except ValueError:
+                continue
+            prediction = predict_pools(p, c, L, thresholds, N, workers, events=events, seed=seed, handoff_s=handoff_s)
+            if best_here is None or prediction.simulated > best_here.simulated:
+                best_here = prediction
+        if best_here is not None:
+            chain = _pairs_chain(p, c, L, best_here.B, N, best_here.workers, delta, snap, handoff_s) \
+                if delta is not None else None
+            predictions.append(replace(best_here, chain=chain))
     if not predictions:
-        raise ValueError(f"no split of {budget} workers can run B = {list(B)} at N = {N} without deadlock")
+        tried = f"any B up to {search_B}" if search_B > 0 else f"B = {list(B)}"
+        raise ValueError(f"no split of {budget} workers can run {tried} at N = {N} without deadlock")
     best = max(predictions, key=lambda prediction: prediction.simulated)
     return best.workers, predictions
