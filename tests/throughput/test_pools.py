@@ -143,6 +143,7 @@ def test_command_prints_every_split_and_the_best(capsys: pytest.CaptureFixture[s
     (["--paper", "--pools", "1"], "budget"),
     (["--P", "1,0;1,0", "--C", "1,0;1,0", "--L-ms", "6", "--N", "4", "--pools", "2"], "one latency per model"),
     (["--paper", "--L-slope-ms", "0.1", "--pools", "4"], "one slope per model"),
+    (["--paper", "--pools", "2", "--search-B", "-1"], "search_B must be an integer >= 0"),
 ])
 def test_command_errors_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["throughput", *argv]) == 2

@@ -83,6 +83,8 @@ def best_split(P: Matrix, C: Matrix, L: Sequence[Latency], B: Sequence[int], N: 
     random seed, so differences between splits are not noise between runs."""
     p, c = check_matrices(P, C)
     N = check_population(N)
+    if isinstance(search_B, bool) or not isinstance(search_B, (int, np.integer)) or search_B < 0:
+        raise ValueError(f"search_B must be an integer >= 0 (0: no search), got {search_B!r}")
     candidates = list(product(range(1, search_B + 1), repeat=len(p))) if search_B > 0 else [tuple(B)]
     predictions = []
     for workers in splits_of(budget, len(p)):
