@@ -158,7 +158,8 @@ def measure(channel, receiver_cpu: Callable[[], float], size: int, batches: int,
 
 
 def run_triton(sizes: list[int], batches: int, rate: float) -> list[dict]:
-    from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
+    from tokenrouter.launch.triton_install import build_backend_dir, find_triton
+    from tokenrouter.launch.triton_server import Ports, TritonServer
 
     install = find_triton()
     with tempfile.TemporaryDirectory(prefix="peer-channel-") as tmp:

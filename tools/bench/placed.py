@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from tokenrouter.config import TokenRouterConfig, load_config
-from tokenrouter.launch.triton_server import Ports, TritonInstall, TritonServer
+from tokenrouter.launch.triton_install import TritonInstall
+from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, PAIR_SECRET_FILE_ENV
 from tokenrouter.serving.repository import render_repository
 

@@ -24,7 +24,8 @@ from typing import Callable, Iterator, Sequence
 from tokenrouter import client
 from tokenrouter.config import ModelSpec, TokenRouterConfig
 from tokenrouter.engine.process_engine import EngineProcess
-from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
+from tokenrouter.launch.triton_install import build_backend_dir, find_triton
+from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.serving.repository import render_repository
 

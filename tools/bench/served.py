@@ -24,7 +24,8 @@ from tokenrouter.config import TokenRouterConfig
 from tokenrouter.engine.base import Engine
 from tokenrouter.engine.factory import create_engine
 from tokenrouter.launch.openai_process import OpenAIServer, free_port
-from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
+from tokenrouter.launch.triton_install import build_backend_dir, find_triton
+from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec

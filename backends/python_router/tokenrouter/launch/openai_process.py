@@ -25,7 +25,8 @@ from typing import Callable
 from ..openai_server.app import API_KEY_ENV, API_KEY_FILE_ENV
 from ..serving.peer_auth import private_folder, write_private_file
 
-from .triton_server import TritonError, _die_with_parent
+from .errors import TritonError
+from .processes import die_with_parent
 
 DEFAULT_PORT = 9000
 
@@ -67,7 +68,7 @@ class OpenAIServer:
                                                 self.api_key)
         self.process = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+                                        preexec_fn=die_with_parent)
         threading.Thread(target=self._read_log, name="openai-server-log", daemon=True).start()
         return self
 
