@@ -26,7 +26,7 @@ from ..openai_server.app import API_KEY_ENV, API_KEY_FILE_ENV
 from ..serving.peer_auth import private_folder, write_private_file
 
 from .errors import TritonError
-from .processes import die_with_parent
+from .processes import die_with_parent, started
 
 DEFAULT_PORT = 9000
 
@@ -50,6 +50,11 @@ class OpenAIServer:
     process: subprocess.Popen[str] | None = field(default=None, init=False)
     _key_file: Path | None = field(default=None, init=False, repr=False)
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=40), init=False)
+
+    @property
+    def running(self) -> subprocess.Popen[str]:
+        """The process of this start (start() first)."""
+        return started(self.process, "the OpenAI server")
 
     @property
     def url(self) -> str:
@@ -107,7 +112,7 @@ class OpenAIServer:
     def signal_stop(self) -> None:
         """SIGTERM: stop taking connections, let those in flight finish (up to the drain timeout)."""
         if self.alive():
-            self.process.send_signal(signal.SIGTERM)
+            self.running.send_signal(signal.SIGTERM)
 
     def stop(self, grace_s: float | None = None) -> int | None:
         """SIGTERM, then SIGKILL after ``grace_s`` (default: the drain timeout and 5 s)."""

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import ctypes
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 from tokenrouter.procfs import proc_stat
+
+from .errors import TritonError
 
 
 def stub_pids(server_pid: int) -> dict[str, int]:
@@ -27,6 +30,13 @@ def stub_pids(server_pid: int) -> dict[str, int]:
         if len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub"):
             found[Path(argv[1].decode()).parts[-3]] = int(proc.name)  # <repo>/<model>/<version>/model.py
     return found
+
+
+def started(process: subprocess.Popen[str] | None, what: str) -> subprocess.Popen[str]:
+    """``process``, which ``what``'s start made; asking before the start is a mistake of the caller."""
+    if process is None:
+        raise TritonError(f"{what} is not started")
+    return process
 
 
 def process_alive(pid: int) -> bool:

@@ -79,16 +79,16 @@ class Supervisor:
         missing = sorted(self._models - set(stubs))
         if missing:
             return f"model {', '.join(missing)} has no Python stub (not loaded)", missing
-        watched = {**stubs, TRITONSERVER: self.server.process.pid}
+        watched = {**stubs, TRITONSERVER: self.server.running.pid}
         if self.openai is not None:
-            watched[OPENAI_SERVER] = self.openai.process.pid
+            watched[OPENAI_SERVER] = self.openai.running.pid
         with ProcessExits(watched) as exits:
             while True:
                 exited = exits.wait(RELOAD_CHECK_S)
                 if TRITONSERVER in exited:
-                    return f"tritonserver exited with code {self.server.process.wait()}", list(stubs)
-                if OPENAI_SERVER in exited:
-                    return f"the OpenAI server exited with code {self.openai.process.wait()}", [OPENAI_SERVER]
+                    return f"tritonserver exited with code {self.server.running.wait()}", list(stubs)
+                if OPENAI_SERVER in exited and self.openai is not None:
+                    return f"the OpenAI server exited with code {self.openai.running.wait()}", [OPENAI_SERVER]
                 if exited:
                     return f"the Python stub of model {', '.join(sorted(exited))} died", sorted(exited)
                 if self._reload.is_set():
@@ -137,6 +137,7 @@ class Supervisor:
 
     def _restart_openai(self, cause: str) -> None:
         """The OpenAI server alone: its clients' connections died with it, Triton's requests go on."""
+        assert self.openai is not None, "only a watched OpenAI server dies"
         while True:
             delay = self._next_delay_s()
             self._say(f"{cause}; restarting it" + (f" in {delay:g} s" if delay else ""))

@@ -24,7 +24,7 @@ from tokenrouter.serving.pair_secret import move_secret_to_file
 from tokenrouter.serving.peer_auth import private_folder, secret_path, server_secret
 
 from .errors import StartAborted, TritonError
-from .processes import die_with_parent, stub_pids
+from .processes import die_with_parent, started, stub_pids
 from .server_control import ServerControl
 from .shared_memory import make_private, remove_stale_shm_regions, shm_regions_of
 from .triton_install import TritonInstall, server_env
@@ -135,6 +135,11 @@ class TritonServer:
         return f"{self.host or '127.0.0.1'}:{self.ports.grpc}"
 
     @property
+    def running(self) -> subprocess.Popen[str]:
+        """The process of this start (start() first)."""
+        return started(self.process, "tritonserver")
+
+    @property
     def control(self) -> ServerControl:
         """Calls to this start's models: the drain, the ending of requests in flight."""
         return ServerControl(self.grpc_url, f"{self.host or '127.0.0.1'}:{self.ports.metrics}", self.peer_secret)
@@ -228,7 +233,7 @@ class TritonServer:
 
     def stubs(self) -> dict[str, int]:
         """Model name -> pid of its Python-backend stub."""
-        return stub_pids(self.process.pid)
+        return stub_pids(self.running.pid)
 
     def turn_not_ready(self) -> None:
         """From now on Triton answers not ready and begins its shutdown (SIGTERM), while the responses
@@ -266,7 +271,7 @@ class TritonServer:
     def _shm_regions(self) -> set[Path]:
         """The regions of this server and its stubs (only theirs: other servers on the machine
         may be starting and must keep theirs)."""
-        return shm_regions_of([self.process.pid, *stub_pids(self.process.pid).values()])
+        return shm_regions_of([self.running.pid, *stub_pids(self.running.pid).values()])
 
     def _join_reader(self) -> None:
         if self._reader is not None:
