@@ -1,1 +1,0 @@
-../tests/fake_pb_utils.py
