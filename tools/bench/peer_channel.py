@@ -170,7 +170,7 @@ def run_triton(sizes: list[int], batches: int, rate: float) -> list[dict]:
                               Ports.free(), host="127.0.0.1", exit_timeout_s=5).start_ready(300)
         try:
             channel = TritonChannel(server.grpc_url)
-            rows = [measure(channel, lambda: group_cpu_seconds(server.process.pid), size, batches, rate)
+            rows = [measure(channel, lambda: group_cpu_seconds(server.running.pid), size, batches, rate)
                     for size in sizes]
             channel.close()
             return rows

@@ -81,7 +81,7 @@ class LoopbackNodes:
     def kill(self, name: str) -> float:
         """SIGKILL the node's server and its stubs, as a crash would; returns when (monotonic)."""
         server = self.servers.pop(name)
-        os.killpg(server.process.pid, signal.SIGKILL)
+        os.killpg(server.running.pid, signal.SIGKILL)
         killed = time.monotonic()
         server.stop()  # reaps it and removes its shared memory
         return killed

@@ -165,9 +165,9 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
         if system == DYNAMO:
             return {**seconds, **{f"fleet: {name}": s for name, s in fleet.cpu_seconds().items()}}
         for where, triton in servers(system).items():
-            seconds.update({f"{where}: {name}": s for name, s in group_cpu_by_process(triton.process.pid).items()})
+            seconds.update({f"{where}: {name}": s for name, s in group_cpu_by_process(triton.running.pid).items()})
         if api.alive() and system not in placed:
-            seconds[f"server: {OPENAI_SERVER}"] = sum(group_cpu_by_process(api.process.pid).values())
+            seconds[f"server: {OPENAI_SERVER}"] = sum(group_cpu_by_process(api.running.pid).values())
         return seconds
 
     def scrape(system: str) -> dict[str, prometheus.Samples]:
