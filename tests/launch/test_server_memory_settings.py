@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenrouter.launch.triton_server import Ports, TritonInstall, TritonServer, server_env
+from tokenrouter.launch.triton_install import TritonInstall, server_env
+from tokenrouter.launch.triton_server import Ports, TritonServer
 
 INSTALL = TritonInstall(Path("tritonserver"), Path("."))
 

@@ -35,7 +35,7 @@ from e2e.test_serve import _launch, triton_pid
 from reliability.hostile_probe import PROBES
 from reliability.test_bounded_doors import PROBE
 from reliability.test_bounded_work import _rss_mb
-from tokenrouter.launch.triton_server import stub_pids
+from tokenrouter.launch.processes import stub_pids
 
 USERS = 16
 WARM_UP_S = 60.0
