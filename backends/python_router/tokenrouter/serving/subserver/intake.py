@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -146,9 +147,9 @@ class SubserverIntake:
             raise RequestError(f"one prompt per request, got a batch of {prompt.shape[0]}")
         spec = self._spec(request, int(prompt.size))
         if spec.end_ids == [NO_END_ID]:
-            spec.end_ids = []
+            spec = replace(spec, end_ids=[])
         elif not spec.end_ids:
-            spec.end_ids = sorted(self._subserver.engine.eos_token_ids)
+            spec = replace(spec, end_ids=sorted(self._subserver.engine.eos_token_ids))
         _refuse_a_fully_banned_vocabulary(spec.bad_sequences, self._subserver.engine.vocab_size)
         stream = self._scalar(request, "stream", False)
         rid = f"{self._subserver.name}-{self._start}-{next(self._ids)}"
