@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
             reason = f"the server is shutting down; the request did not finish within {args.drain_timeout:g} s"
             print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
             for door in doors:  # their clients, also those whose request has not reached the entry
-                server.end_in_flight(door, reason, subserver=False)
+                server.end_in_flight(door, reason)
             if entry is not None:
                 server.end_in_flight(entry, reason)
             server.drain(doors, ENDING_GRACE_S, entry)  # their errors reach the clients through the fronts

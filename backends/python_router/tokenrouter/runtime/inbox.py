@@ -13,10 +13,13 @@ from .request import Submission
 
 
 @dataclass(frozen=True, slots=True)
-class Delivered:
-    """A peer's message about one of this model's requests."""
-
+class Delivered:  # a peer's message about one of this model's requests
     message: PeerMessage
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:  # the client went away, or a front cancelled it by its key
+    rid: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +27,6 @@ class Submitted:
     """A client's request for the entry model (counted in the admission bound while here)."""
 
     submission: Submission
-
-
-@dataclass(frozen=True, slots=True)
-class Cancelled:
-    rid: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,16 +38,16 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class Wake:
+    """Nothing to do but look at ``stopped`` again (``stop`` puts it)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PeerLost:
     """``peer`` is unreachable: the requests that cannot go on without it end with ``error``."""
 
     peer: str
     error: str
-
-
-@dataclass(frozen=True, slots=True)
-class Wake:
-    """Nothing to do but look at ``stopped`` again (``stop`` puts it)."""
 
 
 Event = Delivered | Submitted | Cancelled | Failed | PeerLost | Wake

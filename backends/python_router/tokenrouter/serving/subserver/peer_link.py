@@ -81,16 +81,14 @@ class _Answered:
 
 
 @dataclass(frozen=True, slots=True)
-class _Broken:
-    """Stream ``channel`` (its count) ended."""
-
-    channel: int
-    reason: str
+class _Close:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
-class _Close:
-    pass
+class _Broken:  # stream ``channel`` (its count) ended
+    channel: int
+    reason: str
 
 
 _Event = _Queued | _Answered | _Broken | _Close
