@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..engine.base import Engine, EngineLost
 from ..protocol import PeerMessage, RequestSpec
@@ -72,8 +72,11 @@ class Subserver:
         return next((o for o in self.observers if isinstance(o, StepLog)), None)
 
     # --- thread-safe entry points -------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"subserver-{self.name}", daemon=True)
+    def start(self, on_death: Callable[[], None] = lambda: None) -> None:
+        """``on_death()`` runs on the loop's thread if the loop dies, once it failed its requests (the
+        Triton glue takes its stub down there, with no thread of its own waiting for it)."""
+        self._thread = threading.Thread(target=self._run, args=(on_death,), name=f"subserver-{self.name}",
+                                        daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -126,7 +129,7 @@ class Subserver:
             self._fail_queued()
 
     # --- the decoding loop --------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, on_death: Callable[[], None]) -> None:
         try:
             self._loop()
         except BaseException as exc:  # noqa: BLE001  (a bug: make it visible and fail the requests)
@@ -134,6 +137,7 @@ class Subserver:
             self.failure = f"{type(exc).__name__}: {exc}"
             self._fail_everything(f"subserver '{self.name}' failed: {self.failure}")
             self.died.set()
+            on_death()
             return
         self._apply(self.core.shutdown("the server is shutting down"))
 
