@@ -49,6 +49,10 @@ class RoutingPolicy:
     needs_hidden: ClassVar[bool] = False
     #: ask the engine for the top-k logits at every step (0 = no)
     top_logits: ClassVar[int] = 0
+    #: read ``out.logits`` (the full-vocabulary rows) in ``route``; False lets a tensor-parallel
+    #: engine send back only the tokens, top-k and hidden states (a policy that reads none of the
+    #: row says so: the default is the safe one)
+    needs_logits: ClassVar[bool] = True
 
     def __init__(self, models: Sequence[str], entry: str, params: dict[str, Any] | None = None,
                  weights: str | Path | None = None) -> None:
