@@ -48,7 +48,8 @@ def decode(engine: Any, prompts: list[list[int]], steps: int, return_logits: boo
     ids = list(range(len(prompts)))
     for i in ids:
         engine.add_sequence(i)
-    feeds, tokens = dict(zip(ids, prompts)), [[] for _ in ids]
+    feeds = dict(zip(ids, prompts))
+    tokens: list[list[int]] = [[] for _ in ids]
     fetch, size, step = [], [], []
     for n in range(steps):
         start = time.perf_counter()

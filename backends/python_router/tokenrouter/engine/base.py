@@ -118,6 +118,12 @@ class StepResult:
     topk_values: torch.Tensor | None = None  # float32 [B, k]
     topk_indices: torch.Tensor | None = None  # int64 [B, k]
 
+    def require_logits(self) -> torch.Tensor:
+        """``logits``, or an error that says why they are missing (for the readers of the rows)."""
+        if self.logits is None:
+            raise RuntimeError("the step returned no logits: a policy that reads out.logits sets needs_logits = True")
+        return self.logits
+
 
 class Engine(abc.ABC):
     """A model with a paged KV pool, stepped by one thread at a time."""

@@ -46,7 +46,7 @@ def record_log_probs(requests: list[RequestState], decisions: list[Route | None]
         if decision is not None and request.spec.return_log_probs:
             token = request.sampled_token if decision.token is None else int(decision.token)
             # Greedy rows report 0.0 without the logits (a step may leave them out, engine.base).
-            logits = None if request.sampling.greedy else out.logits[row]
+            logits = None if request.sampling.greedy else out.require_logits()[row]
             request.sampled_logprob = sampled_log_prob(logits, request.sampling, token)
 
 
