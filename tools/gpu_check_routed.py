@@ -42,6 +42,7 @@ class PositionDeferral:
     name = "gpu_check_deferral"
     needs_hidden = False
     top_logits = 0
+    needs_logits = False  # decisions read positions only: a tensor-parallel large model sends back tokens alone
 
     def __init__(self, rate: float, run_length: int = 2, seed: int = 0) -> None:
         self.rate, self.run_length, self.seed = rate, run_length, seed

@@ -61,6 +61,25 @@ def test_engines_sharing_a_gpu_fit_their_memory_shares(config_path: Path) -> Non
     assert all(total <= 0.9 for total in shares.values()), dict(shares)
 
 
+def test_each_engine_process_sees_the_gpus_its_device_names(config_path: Path, monkeypatch) -> None:
+    """What the memory arithmetic above counts is where vLLM runs: each model's engine process sees
+    (CUDA_VISIBLE_DEVICES) the tensor_parallel_size GPUs from its device's index on, or, when the
+    engine narrows nothing, the first visible one; and a server's models share no GPU unless the
+    config puts them on one (the 2-GPU pair: cuda:0 and cuda:1)."""
+    from tokenrouter.engine.vllm_engine import rank_environment
+
+    visible = [str(gpu) for gpu in range(8)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(visible))
+    config = load_config(config_path)
+    for name, spec in config.models.items():
+        sees = rank_environment(name, spec, on_cpu=False).get("CUDA_VISIBLE_DEVICES", visible[0]).split(",")
+        first = int(spec.device.partition(":")[2])
+        assert sees == visible[first:first + spec.tensor_parallel_size], (name, spec.device)
+    if config_path.name == "qwen2.5-coder-2gpu.yaml":
+        assert [rank_environment(n, s, on_cpu=False) for n, s in config.models.items()] == [
+            {}, {"CUDA_VISIBLE_DEVICES": "1"}]
+
+
 def test_a_request_of_the_configs_full_length_fits_every_pool(config_path: Path) -> None:
     """The vLLM engine caps a sequence at its KV pool: the config's max_model_len must fit each one."""
     config = load_config(config_path)

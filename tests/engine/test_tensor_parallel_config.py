@@ -80,6 +80,15 @@ def test_the_vllm_engine_places_its_ranks_before_vllm_starts(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
     on_gpu = spec.model_copy(update={"device": "cuda:1"})
     assert rank_environment("llm", on_gpu, on_cpu=False) == {"CUDA_VISIBLE_DEVICES": "5,6"}
+    # One rank: vLLM takes no device, the process's visible GPUs say where it runs.
+    one_rank = on_gpu.model_copy(update={"tensor_parallel_size": 1})
+    assert rank_environment("llm", one_rank, on_cpu=False) == {"CUDA_VISIBLE_DEVICES": "5"}
+    assert rank_environment("llm", one_rank.model_copy(update={"device": "cuda:2"}), on_cpu=False) == {
+        "CUDA_VISIBLE_DEVICES": "6"}
+    for first in ("cuda", "cuda:0"):  # the first visible GPU is vLLM's own choice: nothing to narrow
+        assert rank_environment("llm", one_rank.model_copy(update={"device": first}), on_cpu=False) == {}
+    with pytest.raises(RankPlacementError, match="on device cuda:3 needs GPUs 3 to 3; 3 visible"):
+        rank_environment("llm", one_rank.model_copy(update={"device": "cuda:3"}), on_cpu=False)
     arguments = engine_arguments(spec, dtype="float32", on_cpu=True, max_position_embeddings=4096)
     assert (arguments["tensor_parallel_size"], arguments["distributed_executor_backend"]) == (2, "mp")
     assert arguments["worker_extension_cls"] == "tokenrouter.engine.vllm_capture.CaptureExtension"

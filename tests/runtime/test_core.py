@@ -42,6 +42,7 @@ class Scripted:
     name = "scripted"
     needs_hidden = False
     top_logits = 0
+    needs_logits = False
 
     def __init__(self, keep_sampled: bool = False) -> None:
         self.plan: dict[tuple[str, str], str] = {}
@@ -582,3 +583,22 @@ def test_shutdown_fails_queued_and_running_requests():
     a.tick(0.0)
     run(a.shutdown("the server is shutting down"))
     assert running.finish == queued.finish == "error" and a.requests == {} and a.active == 0
+
+
+def test_a_step_asks_for_the_logits_only_when_the_policy_or_bad_words_read_them():
+    """A policy that reads no logits lets the engine leave them out (a tensor-parallel engine then
+    sends back only tokens); a request with bad words still needs them (masked, then resampled)."""
+    for needs_logits in (False, True):
+        policy = Scripted()
+        policy.needs_logits = needs_logits
+        entry = core(policy=policy)
+        submit(entry, "r0")
+        entry.tick(0.0)
+        assert entry.schedule(0.0).needs_logits is needs_logits
+    entry = core()
+    sink = Sink()
+    spec = RequestSpec(prompt_len=3, max_tokens=4, end_ids=[0], bad_sequences=[[9]])
+    entry.validate([1, 2, 3], spec, VOCAB)
+    entry.submit(Submission("r1", [1, 2, 3], spec, sink, submitted_at=0.0), 0.0)
+    entry.tick(0.0)
+    assert entry.schedule(0.0).needs_logits

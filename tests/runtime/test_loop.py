@@ -40,14 +40,14 @@ class CountingEngine:
         self.held.discard(rid)
         return had
 
-    def step(self, rows, *, return_hidden=False, top_logits=0) -> StepResult:
+    def step(self, rows, *, return_hidden=False, top_logits=0, return_logits=True) -> StepResult:
         n = len(rows)
         return StepResult(seq_ids=[r.seq_id for r in rows], sampled=torch.ones(n, dtype=torch.long),
                           logits=torch.zeros(n, self.vocab_size), positions=torch.zeros(n, dtype=torch.long))
 
 
 class Stay:
-    name, needs_hidden, top_logits = "stay", False, 0
+    name, needs_hidden, top_logits, needs_logits = "stay", False, 0, False
 
     def route(self, batch, out):
         return [view.model for view in batch]

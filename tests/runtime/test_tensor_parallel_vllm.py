@@ -2,10 +2,12 @@
 per rank), next to the session's one-rank engines (tests/conftest.py):
 
 - the TP-2 engine's tokens equal the one-rank engine's, and its logits and hidden states agree,
-  step for step through prefills, decodes, a pending request and extends with foreign tokens;
+  step for step through prefills, decodes, a pending request and extends with foreign tokens, in
+  steps that ask for the full logits and in steps that ask rank 0 for tokens, top-k and hidden states only;
 - a resume computes only the new tokens (vLLM's own counters), and the pending request keeps its blocks;
 - routed greedy output with the large model at TP 2 equals the naive full-recompute reference (the
-  oracle that holds the one-rank engines too, tests/runtime/test_oracle_vllm.py), KV back to zero;
+  oracle that holds the one-rank engines too, tests/runtime/test_oracle_vllm.py), KV back to zero,
+  with a policy that reads the logits (r_stitch) and one that reads none (random: its steps fetch no logits);
 - a rank killed mid-generation ends that model's requests with an error that says so, and the
   small model's pool goes back to zero.
 
@@ -66,11 +68,19 @@ def test_tp2_steps_equal_one_rank(engines, vllm_tiny_engines):
         for engine in (one, two):
             for seq_id in prompts:
                 engine.add_sequence(seq_id)
-        for feeds in plan:
+        for i, feeds in enumerate(plan):
             rows = [StepRow(seq_id, [last[seq_id]] if new is None else new) for seq_id, new in feeds.items()]
-            results = [engine.step(rows, return_hidden=True, top_logits=5) for engine in (one, two)]
+            # Every other step the TP-2 engine is not asked for the logits: rank 0 sends back tokens,
+            # top-k and hidden states only, and they must be the same.
+            reduced = i % 2 == 1
+            results = [one.step(rows, return_hidden=True, top_logits=5),
+                       two.step(rows, return_hidden=True, top_logits=5, return_logits=not reduced)]
             assert results[0].sampled.tolist() == results[1].sampled.tolist()
-            torch.testing.assert_close(results[1].logits, results[0].logits, atol=1e-3, rtol=1e-4)
+            if reduced:
+                assert results[1].logits is None
+                torch.testing.assert_close(results[1].topk_values, results[0].topk_values, atol=1e-3, rtol=1e-4)
+            else:
+                torch.testing.assert_close(results[1].logits, results[0].logits, atol=1e-3, rtol=1e-4)
             torch.testing.assert_close(results[1].hidden, results[0].hidden, atol=1e-3, rtol=1e-4)
             assert results[0].topk_indices.tolist() == results[1].topk_indices.tolist()
             last.update(zip(feeds, results[1].sampled.tolist()))

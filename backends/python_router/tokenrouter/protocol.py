@@ -230,6 +230,7 @@ class Policy(Protocol):
     name: ClassVar[str]
     needs_hidden: bool
     top_logits: int
+    needs_logits: bool
 
     def route(self, batch: Sequence[RequestView], out: Any) -> list[str | Route]: ...
 

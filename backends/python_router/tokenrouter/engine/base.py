@@ -103,18 +103,26 @@ class StepResult:
 
     ``logits`` are float32 next-token logits at each row's last position, after the row's logit
     processing (bias, penalties, min_tokens: the logits the token was sampled from; the model's own
-    logits for a row that asks for none). Top-k, too, is of these. ``hidden`` is the final
+    logits for a row that asks for none), or None when the step did not ask for them and no row's
+    sampling needed them (``full_logits_needed``): a tensor-parallel engine then sends back only
+    the sampled tokens, the top-k and the hidden states. Top-k, too, is of these logits. ``hidden`` is the final
     (post-norm) hidden state at that position, present when the step asked for it. ``topk_*`` hold
     the top-k logits when asked (k = ``top_logits`` of the step call).
     """
 
     seq_ids: list[SeqId]
     sampled: torch.Tensor  # int64 [B]
-    logits: torch.Tensor  # float32 [B, V]
+    logits: torch.Tensor | None  # float32 [B, V]; None when not asked for (see above)
     positions: torch.Tensor  # int64 [B]: context position of the sampled token (= new cached length)
     hidden: torch.Tensor | None = None  # [B, H]
     topk_values: torch.Tensor | None = None  # float32 [B, k]
     topk_indices: torch.Tensor | None = None  # int64 [B, k]
+
+    def require_logits(self) -> torch.Tensor:
+        """``logits``, or an error that says why they are missing (for the readers of the rows)."""
+        if self.logits is None:
+            raise RuntimeError("the step returned no logits: a policy that reads out.logits sets needs_logits = True")
+        return self.logits
 
 
 class Engine(abc.ABC):
@@ -184,8 +192,12 @@ class Engine(abc.ABC):
         """Free the sequence's blocks. Returns False when it was not held (idempotent)."""
 
     @abc.abstractmethod
-    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
+    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0,
+             return_logits: bool = True) -> StepResult:
         """Append each row's tokens, run one forward pass over the batch, sample each row.
+
+        ``return_logits`` False: the result's logits are None unless a row's sampling reads the
+        whole row (``full_logits_needed``); the tokens, top-k and hidden states are the same.
 
         Rows may mix prefill, decode and extend. Raises ``KVCacheExhausted`` (nothing changed)
         when the pool cannot hold the new tokens, ``UnknownSequence`` for an unregistered id,
@@ -194,6 +206,12 @@ class Engine(abc.ABC):
 
     def close(self) -> None:
         """Free model memory. Default: nothing to do."""
+
+
+def full_logits_needed(rows: Sequence[StepRow], return_logits: bool) -> bool:
+    """Whether a step hands back the full-vocabulary logits: when asked, or when a row's own sampling
+    reads the whole row (a random draw, logit processing; its log-probability then, too)."""
+    return return_logits or any(not row.sampling.greedy or row.sampling.processes_logits for row in rows)
 
 
 class LengthTable:

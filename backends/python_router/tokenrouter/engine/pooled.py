@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .base import Engine, SeqId, StepResult, StepRow, UnknownSequence
+from .base import Engine, SeqId, StepResult, StepRow, UnknownSequence, full_logits_needed
 from .kv_pool import BlockPool
 from .logit_processing import ContextCounts, needs_processing, process_logits
 from .sampling import sample_tokens
@@ -48,16 +48,18 @@ def check_rows(rows: Sequence[StepRow], *, top_logits: int, vocab_size: int, max
 
 
 def sampled_result(rows: Sequence[StepRow], logits: torch.Tensor, positions: Sequence[int], top_logits: int,
-                   hidden: torch.Tensor | None = None, *, counts: ContextCounts) -> StepResult:
+                   hidden: torch.Tensor | None = None, *, counts: ContextCounts,
+                   return_logits: bool = True) -> StepResult:
     """Process each row's next-token logits [B, V] (on their device; ``counts`` holds the engine's
-    context counts and learns the rows' new tokens), sample each row and return CPU tensors."""
+    context counts and learns the rows' new tokens), sample each row and return CPU tensors (the
+    logits only when ``full_logits_needed``)."""
     if needs_processing([row.sampling for row in rows]):
         counts.record(rows, positions, logits.shape[-1], logits.device)
         logits = process_logits(logits, rows, positions, counts)
     result = StepResult(
         seq_ids=[row.seq_id for row in rows],
         sampled=sample_tokens(logits, [row.sampling for row in rows], positions).cpu(),
-        logits=logits.cpu(),
+        logits=logits.cpu() if full_logits_needed(rows, return_logits) else None,
         positions=torch.tensor(list(positions), dtype=torch.int64),
         hidden=None if hidden is None else hidden.cpu(),
     )

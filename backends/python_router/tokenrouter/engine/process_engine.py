@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Connection
 from typing import Any, Mapping, Sequence
@@ -102,9 +103,11 @@ class EngineProcess(LengthTable, Engine):
         del self._lengths[seq_id]
         return self._call("release", seq_id)
 
-    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
+    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0,
+             return_logits: bool = True) -> StepResult:
         try:
-            result = self._call("step", list(rows), return_hidden=return_hidden, top_logits=top_logits)
+            result, in_buffer = self._call("step", list(rows), return_hidden=return_hidden, top_logits=top_logits,
+                                           return_logits=return_logits)
         except EngineProcessError:
             raise
         except BaseException:
@@ -112,7 +115,7 @@ class EngineProcess(LengthTable, Engine):
             held = set(self._call("sequence_ids"))  # one round trip, not one per sequence
             self._lengths = {seq: n for seq, n in self._lengths.items() if seq in held}
             raise
-        if result.logits is None:  # the child put them in the shared buffer
+        if in_buffer:  # the child put the logits in the shared buffer
             result.logits = self._logits.read(len(result.seq_ids))
         for seq_id, position in zip(result.seq_ids, result.positions.tolist()):
             self._lengths[seq_id] = position
@@ -195,8 +198,9 @@ def _serve(conn: Connection) -> None:
             value = getattr(engine, method)
             if callable(value):
                 value = value(*args, **kwargs)
-            if method == "step" and logits.write(value.logits):
-                value.logits = None
+            if method == "step":  # (result, whether its logits went through the shared buffer)
+                in_buffer = value.logits is not None and logits.write(value.logits)
+                value = (replace(value, logits=None) if in_buffer else value), in_buffer
             _reply(conn, "ok", value, engine.num_free_blocks)
         except Exception as err:  # noqa: BLE001 - per-call errors go back to the caller
             _reply(conn, "error", err, engine.num_free_blocks)

@@ -48,11 +48,16 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(len(list(NVIDIA_GPUS.iterdir())))] if NVIDIA_GPUS.is_dir() else []
 
 
+def gpu_index(spec: ModelSpec) -> int:
+    """The index of the model's (first) GPU: ``cuda:N`` is N, ``cuda`` and ``auto`` are 0."""
+    return int(spec.device.partition(":")[2] or 0)
+
+
 def gpu_rank_devices(name: str, spec: ModelSpec, visible: Sequence[str] | None = None) -> list[str]:
     """The CUDA_VISIBLE_DEVICES entries of the model's ranks: ``tensor_parallel_size`` GPUs from the
     device's index on (``cuda`` is index 0)."""
     visible = visible_gpus() if visible is None else list(visible)
-    first = int(spec.device.partition(":")[2] or 0)
+    first = gpu_index(spec)
     ranks = spec.tensor_parallel_size
     if first + ranks > len(visible):
         raise RankPlacementError(f"model '{name}': tensor_parallel_size {ranks} on device {spec.device} needs GPUs "

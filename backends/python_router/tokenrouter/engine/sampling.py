@@ -55,11 +55,12 @@ def sample_tokens(logits: torch.Tensor, params: Sequence[SamplingParams], positi
     return tokens
 
 
-def sampled_log_prob(logits: torch.Tensor, params: SamplingParams, token: int) -> float:
+def sampled_log_prob(logits: torch.Tensor | None, params: SamplingParams, token: int) -> float:
     """TensorRT-LLM's ``output_log_probs`` for ``token`` sampled from the row ``logits`` [V]: its
     log-probability in the distribution it was drawn from (the processed logits after temperature,
     top-k and top-p, renormalized over what those kept). Greedy decoding draws from the top token
     alone, so it reports 0.0, as TensorRT-LLM does."""
     if params.greedy:
         return 0.0
+    assert logits is not None, "a random draw's step returns its logits (engine.base.full_logits_needed)"
     return float(torch.log_softmax(filter_logits(logits, params), dim=-1)[token])

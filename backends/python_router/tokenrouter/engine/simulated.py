@@ -76,7 +76,8 @@ class SimulatedEngine(PooledEngine):
         return super().release(seq_id)
 
     # --- the step ---------------------------------------------------------------------------------
-    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
+    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0,
+             return_logits: bool = True) -> StepResult:
         started = time.perf_counter()
         self._intra_op.apply()
         tokens = self.check_rows(rows, top_logits)
@@ -92,7 +93,7 @@ class SimulatedEngine(PooledEngine):
             positions.append(length)
         result = sampled_result(rows, torch.from_numpy(np.stack(logits)), positions, top_logits,
                                 torch.from_numpy(np.stack(hidden)) if return_hidden else None,
-                                counts=self._context_counts)
+                                counts=self._context_counts, return_logits=return_logits)
         self._wait(started, self.profile.step_ms(len(rows), sum(map(len, tokens))) / 1e3)
         return result
 

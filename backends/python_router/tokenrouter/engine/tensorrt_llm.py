@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from .base import SamplingParams, SeqId, StepResult, StepRow
+from .base import SamplingParams, SeqId, StepResult, StepRow, full_logits_needed
 from .dtypes import resolve_dtype
 from .loader import eos_token_ids_of, generation_config_of
 from .pooled import PooledEngine
@@ -271,7 +271,8 @@ class TensorRTLLMEngine(PooledEngine):
         return {seq_id: span.result for seq_id, span in self._spans.items()}
 
     # --- the step -------------------------------------------------------------------------------
-    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
+    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0,
+             return_logits: bool = True) -> StepResult:
         if return_hidden:
             raise hidden_states_error(self.name)
         tokens = self.check_rows(rows, top_logits)
@@ -298,6 +299,8 @@ class TensorRTLLMEngine(PooledEngine):
         if top_logits:
             top = torch.topk(result.logits, top_logits, dim=-1)
             result.topk_values, result.topk_indices = top.values, top.indices
+        if not full_logits_needed(rows, return_logits):
+            result.logits = None
         return result
 
     def _advance(self, seq_id: SeqId, new: Sequence[int], sampling: SamplingParams) -> tuple[int, dict[int, Any]]:

@@ -97,14 +97,15 @@ class TorchEngine(PooledEngine):
         return keys, values
 
     # --- the step -------------------------------------------------------------------------------
-    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
+    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0,
+             return_logits: bool = True) -> StepResult:
         self._check_attention()
         self.check_rows(rows, top_logits)
         self._intra_op.apply()
         starts = [self._pool.length(row.seq_id) for row in rows]
         self._pool.append({row.seq_id: len(row.new_tokens) for row in rows})  # all or nothing
         try:
-            return self._forward(rows, starts, return_hidden, top_logits)
+            return self._forward(rows, starts, return_hidden, top_logits, return_logits)
         except BaseException:
             # The forward failed after allocation: forget the new tokens (their slots may hold
             # partial writes, but no cached position points at them any more).
@@ -114,7 +115,7 @@ class TorchEngine(PooledEngine):
 
     @torch.no_grad()  # not inference_mode: callers may feed results to modules that record autograd
     def _forward(self, rows: Sequence[StepRow], starts: list[int], return_hidden: bool,
-                 top_logits: int) -> StepResult:
+                 top_logits: int, return_logits: bool) -> StepResult:
         counts = [len(row.new_tokens) for row in rows]
         layout = StepLayout.build(
             self._cache, [self._pool.block_table(row.seq_id) for row in rows], starts, counts,
@@ -129,7 +130,7 @@ class TorchEngine(PooledEngine):
         logits = self.model.lm_head(hidden).float()
         positions = [start + count for start, count in zip(starts, counts)]
         return sampled_result(rows, logits, positions, top_logits, hidden if return_hidden else None,
-                              counts=self._context_counts)
+                              counts=self._context_counts, return_logits=return_logits)
 
     def _check_attention(self) -> None:
         if self._config._attn_implementation != ATTN_IMPLEMENTATION:

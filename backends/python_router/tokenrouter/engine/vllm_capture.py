@@ -10,9 +10,11 @@ processes with tensor parallelism (the multiprocess executor), one mechanism for
 the final-norm hidden states of the positions being sampled, its output the full-vocabulary logits,
 rows in the model runner's batch order (``input_batch.req_ids``). With TP > 1 vLLM gathers the
 logits to rank 0 (or to every rank): rank 0 keeps a copy of the last step's rows, and
-``tokenrouter_fetch`` hands back only the rows asked for, in the order asked, and the hidden states
-only when the step asked for them. A capture is handed out once: a step that ran no forward cannot
-return the previous step's rows.
+``tokenrouter_fetch`` hands back only the rows asked for, in the order asked, and of them only what
+the step asks for: each row's argmax always, the full-vocabulary logits, the top-k and the hidden
+states when asked. Without the full rows a step's reply is a few bytes per row instead of
+vocabulary x 4 (600 KB a row at a 151k vocabulary), which crosses processes with TP > 1.
+A capture is handed out once: a step that ran no forward cannot return the previous step's rows.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ class StepCapture:
     def __init__(self, request_ids: list[str], logits: Any, hidden_states: Any) -> None:
         self.request_ids, self.logits, self.hidden_states = request_ids, logits, hidden_states
 
-    def rows(self, request_ids: list[str], hidden: bool, to_cpu: bool) -> tuple[Any, Any]:
+    def rows(self, request_ids: list[str], *, full: bool, top_k: int, hidden: bool, to_cpu: bool) -> dict[str, Any]:
+        """Of ``request_ids``' rows, in that order: "argmax" [B] of the raw logits; "logits" [B, V]
+        when ``full``; "topk_values", "topk_indices" [B, k] (of the float32 logits) when ``top_k``;
+        "hidden" [B, H] when ``hidden``. Absent signals are None."""
         import torch
 
         order = {request_id: i for i, request_id in enumerate(self.request_ids)}
@@ -37,11 +42,15 @@ class StepCapture:
             raise RuntimeError(f"vLLM did not run request(s) {missing} in the step")
         index = torch.tensor([order[request_id] for request_id in request_ids], device=self.logits.device)
         logits = self.logits.index_select(0, index)
-        states = self.hidden_states.index_select(0, index) if hidden else None
+        signals = {"argmax": logits.argmax(dim=-1), "logits": logits if full else None,
+                   "topk_values": None, "topk_indices": None,
+                   "hidden": self.hidden_states.index_select(0, index) if hidden else None}
+        if top_k:
+            top = torch.topk(logits.float(), top_k, dim=-1)
+            signals["topk_values"], signals["topk_indices"] = top.values, top.indices
         if to_cpu:  # crossing processes: a device tensor would not travel
-            logits = logits.cpu()
-            states = states.cpu() if states is not None else None
-        return logits, states
+            signals = {key: None if value is None else value.cpu() for key, value in signals.items()}
+        return signals
 
 
 class CaptureExtension:
@@ -65,13 +74,14 @@ class CaptureExtension:
 
         model.compute_logits = capturing_compute_logits
 
-    def tokenrouter_fetch(self, request_ids: list[str], hidden: bool, to_cpu: bool) -> tuple[Any, Any] | None:
-        """Rank 0: the last step's logits (and hidden states) of ``request_ids``; None on other ranks,
-        or when no forward ran since the last fetch."""
+    def tokenrouter_fetch(self, request_ids: list[str], full: bool, top_k: int, hidden: bool,
+                          to_cpu: bool) -> dict[str, Any] | None:
+        """Rank 0: the last step's signals of ``request_ids`` (``StepCapture.rows``); None on other
+        ranks, or when no forward ran since the last fetch."""
         capture, self.tokenrouter_capture = getattr(self, "tokenrouter_capture", None), None
         if self.rank != 0 or capture is None:  # type: ignore[attr-defined]
             return None
-        return capture.rows(request_ids, hidden, to_cpu)
+        return capture.rows(request_ids, full=full, top_k=top_k, hidden=hidden, to_cpu=to_cpu)
 
     def tokenrouter_runner_facts(self) -> dict[str, Any]:
         """What the engine checks after start (vllm_compat.check_started_engine): the runner vLLM picked."""

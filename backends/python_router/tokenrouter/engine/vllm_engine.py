@@ -38,12 +38,13 @@ from typing import Any, Sequence
 import torch
 
 from ..config import ModelSpec
-from .base import Engine, EngineLost, KVCacheExhausted, LengthTable, SeqId, StepResult, StepRow
+from .base import (Engine, EngineLost, KVCacheExhausted, LengthTable, SeqId, StepResult, StepRow,
+                   full_logits_needed)
 from .dtypes import resolve_dtype
 from .loader import eos_token_ids_of, generation_config_of
 from .logit_processing import ContextCounts
 from .pooled import check_rows, sampled_result
-from .ranks import cpu_rank_cores, gpu_rank_devices, omp_threads_bind
+from .ranks import RankPlacementError, cpu_rank_cores, gpu_index, gpu_rank_devices, omp_threads_bind
 from .vllm_capture import WORKER_EXTENSION
 from .vllm_compat import UnsupportedVLLM, check_started_engine, require_vllm_capabilities, vllm_environment
 
@@ -76,6 +77,7 @@ class VLLMEngine(LengthTable, Engine):
         self._scheduled: dict[str, int] = {}
         self.last_step_tokens: dict[SeqId, int] = {}  # tokens vLLM computed per row in the last step
         self.last_fetch_s = 0.0  # what fetching the last step's rows from rank 0 took (benchmarks read it)
+        self.last_fetch_bytes = 0  # the tensor bytes rank 0 sent back for them
         self._sampler_logprobs = 0
         # Per row of the last step, when recording: vLLM's sampled token and its sampler's top
         # log-probabilities {token: logprob} (the device check compares them with the captured logits).
@@ -108,7 +110,12 @@ class VLLMEngine(LengthTable, Engine):
         hf_config = _hf_config(spec.path)
         on_cpu = spec.device.startswith("cpu") or (spec.device == "auto" and not torch.cuda.is_available())
         dtype = resolve_dtype(spec, on_gpu=not on_cpu)
-        os.environ.update(rank_environment(name, spec, on_cpu=on_cpu))
+        placement = rank_environment(name, spec, on_cpu=on_cpu)
+        if "CUDA_VISIBLE_DEVICES" in placement and torch.cuda.is_initialized():
+            # CUDA reads the variable once, when it starts: the model would land on another GPU.
+            raise RankPlacementError(f"model '{name}': device {spec.device} cannot be honoured: CUDA already "
+                                     "started in this process (choose the GPU with CUDA_VISIBLE_DEVICES instead)")
+        os.environ.update(placement)
         if on_cpu:
             # vLLM's CPU backend sizes its KV pool from this variable (GiB); the exact block count
             # is set below, this only has to be large enough to hold it.
@@ -196,7 +203,8 @@ class VLLMEngine(LengthTable, Engine):
                 "cudagraph_mode": str(getattr(config.compilation_config, "cudagraph_mode", None))}
 
     # --- the step -------------------------------------------------------------------------------
-    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0) -> StepResult:
+    def step(self, rows: Sequence[StepRow], *, return_hidden: bool = False, top_logits: int = 0,
+             return_logits: bool = True) -> StepResult:
         self._check_ranks()
         tokens = check_rows(rows, top_logits=top_logits, vocab_size=self.vocab_size,
                             max_model_len=self.max_model_len, cached_length=self.num_cached)
@@ -209,7 +217,9 @@ class VLLMEngine(LengthTable, Engine):
             self._check_scheduled(rows, tokens)
             if self._sampler_logprobs:
                 self._record_sampler_logprobs(rows, outputs)
-            logits, hidden = self._captured_rows(rows, return_hidden)
+            full = full_logits_needed(rows, return_logits)
+            # With the full rows our sampler and sampled_result compute the top-k; without, rank 0 does.
+            signals = self._captured_rows(rows, full=full, top_k=0 if full else top_logits, hidden=return_hidden)
         except BaseException as error:
             # The chunks may be half-computed inside vLLM: those sequences cannot be trusted.
             for row in rows:
@@ -220,7 +230,13 @@ class VLLMEngine(LengthTable, Engine):
         for row, new in zip(rows, tokens):
             self._lengths[row.seq_id] += len(new)
             positions.append(self._lengths[row.seq_id])
-        return sampled_result(rows, logits, positions, top_logits, hidden, counts=self._context_counts)
+        if full:
+            return sampled_result(rows, signals["logits"].float(), positions, top_logits, signals["hidden"],
+                                  counts=self._context_counts, return_logits=return_logits)
+        # Greedy rows with nothing processing their logits: our sampler's token is the argmax.
+        return StepResult(seq_ids=[row.seq_id for row in rows], sampled=signals["argmax"].cpu().long(), logits=None,
+                          positions=torch.tensor(positions, dtype=torch.int64), hidden=_cpu(signals["hidden"]),
+                          topk_values=_cpu(signals["topk_values"]), topk_indices=_cpu(signals["topk_indices"]))
 
     def _check_ranks(self, cause: BaseException | None = None) -> None:
         """A tensor-parallel model that lost a rank cannot step again: vLLM's multiprocess executor
@@ -292,16 +308,16 @@ class VLLMEngine(LengthTable, Engine):
                 raise RuntimeError(f"engine '{self.name}': vLLM scheduled {self.last_step_tokens[row.seq_id]} of "
                                    f"{len(new)} tokens of {row.seq_id!r} (max_num_batched_tokens too small?)")
 
-    def _captured_rows(self, rows: Sequence[StepRow], hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (and hidden states) of the step's rows, in the order the rows were given, from rank 0."""
+    def _captured_rows(self, rows: Sequence[StepRow], *, full: bool, top_k: int, hidden: bool) -> dict[str, Any]:
+        """The step's rows' signals from rank 0, in the order the rows were given (vllm_capture)."""
         start = time.perf_counter()
-        captured = self._rank0("tokenrouter_fetch", [self._request_ids[row.seq_id] for row in rows], hidden,
-                               self._across_processes)
+        captured = self._rank0("tokenrouter_fetch", [self._request_ids[row.seq_id] for row in rows], full, top_k,
+                               hidden, self._across_processes)
         self.last_fetch_s = time.perf_counter() - start
         if captured is None:
             raise RuntimeError(f"engine '{self.name}': vLLM ran no forward pass for the step")
-        logits, states = captured
-        return logits.float(), states
+        self.last_fetch_bytes = sum(tensor.nbytes for tensor in captured.values() if tensor is not None)
+        return captured
 
     def _rank0(self, method: str, *args: Any) -> Any:
         """A worker-extension call (vllm_capture) on every rank; rank 0's answer."""
@@ -385,14 +401,22 @@ def engine_arguments(spec: ModelSpec, *, dtype: str, on_cpu: bool, max_position_
 
 
 def rank_environment(name: str, spec: ModelSpec, *, on_cpu: bool) -> dict[str, str]:
-    """Where the ranks of a tensor-parallel model run, checked against the hardware
-    (``RankPlacementError`` names the field): on CPU each rank's OpenMP threads bound to its share of
-    the cores; on GPU the consecutive GPUs from the device's index on. One rank: nothing to place."""
-    if spec.tensor_parallel_size == 1:
-        return {}
+    """Where the model's ranks run, checked against the hardware (``RankPlacementError`` names the
+    field): on CPU each rank's OpenMP threads bound to its share of the cores (one rank: nothing to
+    bind); on GPU the process sees only its ``tensor_parallel_size`` consecutive GPUs from the device's
+    index on. vLLM takes no device argument (each rank uses the visible GPU of its local rank), so
+    this is what puts a one-rank model on ``cuda:1``; one rank on GPU 0 is vLLM's default already."""
     if on_cpu:
+        if spec.tensor_parallel_size == 1:
+            return {}
         return {"VLLM_CPU_OMP_THREADS_BIND": omp_threads_bind(cpu_rank_cores(name, spec))}
+    if spec.tensor_parallel_size == 1 and gpu_index(spec) == 0:
+        return {}
     return {"CUDA_VISIBLE_DEVICES": ",".join(gpu_rank_devices(name, spec))}
+
+
+def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.cpu()
 
 
 def _hf_config(path: str) -> Any:

@@ -49,6 +49,10 @@ class RoutingPolicy:
     needs_hidden: bool = False
     #: ask the engine for the top-k logits at every step (0 = no; an instance may set its own)
     top_logits: int = 0
+    #: read ``out.logits`` (the full-vocabulary rows) in ``route``; False lets a tensor-parallel
+    #: engine send back only the tokens, top-k and hidden states (a policy that reads none of the
+    #: row says so: the default is the safe one; an instance may set its own)
+    needs_logits: bool = True
 
     def __init__(self, models: Sequence[str], entry: str, params: dict[str, Any] | None = None,
                  weights: str | Path | None = None) -> None:

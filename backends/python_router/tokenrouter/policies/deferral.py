@@ -79,4 +79,4 @@ def row_topk(out: StepResult, row: int, k: int) -> torch.Tensor:
     if out.topk_values is not None and out.topk_values.shape[-1] >= k:
         values = out.topk_values[row:row + 1].float().cpu()
         return torch.sort(values, dim=-1, descending=True).values[:, :k]
-    return torch.topk(out.logits[row:row + 1].float().cpu(), k, dim=-1).values
+    return torch.topk(out.require_logits()[row:row + 1].float().cpu(), k, dim=-1).values

@@ -71,7 +71,7 @@ class MultiModelEnsemble(RoutingPolicy):
         decisions = []
         for row, request in enumerate(batch):
             position = self.ring.index(request.model)
-            part = self.contribution(request.model, out.logits[row])
+            part = self.contribution(request.model, out.require_logits()[row])
             carried = request.state.get("mix") if position > 0 else None
             if position > 0 and carried is None:
                 raise PolicyError(f"policy 'ensemble': request {request.rid} reached {request.model} without a mixture")

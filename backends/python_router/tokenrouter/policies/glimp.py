@@ -51,7 +51,7 @@ class GlimpRouter(DeferralPolicy):
             return False
         if row_entropy(out, row) > self.threshold:
             return True
-        top = float(torch.softmax(out.logits[row].float(), dim=-1).max())
+        top = float(torch.softmax(out.require_logits()[row].float(), dim=-1).max())
         return top < self.min_confidence
 
     def hand_back(self, request: RequestView, out: StepResult, row: int, large_tokens: int) -> bool:

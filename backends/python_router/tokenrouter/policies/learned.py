@@ -22,6 +22,7 @@ class LearnedDeferral(DeferralPolicy):
     """params: threshold (from the router's metadata), run_length (1)."""
 
     needs_hidden = True
+    needs_logits = False  # the hidden state (and R2R's top-k, which the engine sends)
     Params = LearnedParams
 
     def __init__(self, *args, **kwargs) -> None:

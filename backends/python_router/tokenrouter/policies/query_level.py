@@ -46,6 +46,7 @@ class QueryLevel(RoutingPolicy):
         self.mode = self.params.mode
         self.min_prompt_tokens = self.params.min_prompt_tokens
         self.router = None
+        self.needs_logits = self.mode == "entropy"
         if self.mode == "classifier":
             self.router = load_router(self.weights, self.params.classifier)
             self.needs_hidden = True

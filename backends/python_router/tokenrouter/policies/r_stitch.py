@@ -28,7 +28,7 @@ def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 def row_entropy(out: StepResult, row: int) -> float:
     """Normalized entropy of one row, computed alone (batch-independent; see deferral.py)."""
-    return float(normalized_entropy(out.logits[row:row + 1])[0])
+    return float(normalized_entropy(out.require_logits()[row:row + 1])[0])
 
 
 @register_policy

@@ -21,6 +21,7 @@ class SlmOnly(RoutingPolicy):
     """Every token from the entry (small) model."""
 
     name = "slm_only"
+    needs_logits = False
 
 
 @register_policy
@@ -31,6 +32,7 @@ class LlmOnly(RoutingPolicy):
     """
 
     name = "llm_only"
+    needs_logits = False
 
     def route(self, batch: Sequence[RequestView], out: StepResult) -> list[str]:
         return [self.large for _ in batch]
@@ -51,6 +53,7 @@ class RandomRouting(DeferralPolicy):
 
     name = "random"
     Params = RandomParams
+    needs_logits = False
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

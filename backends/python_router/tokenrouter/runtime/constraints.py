@@ -36,7 +36,7 @@ def enforce_bad_words(views: Sequence[RequestState], out: StepResult) -> list[in
     masks = [(row, banned) for row, banned in masks if banned]
     if not masks:
         return []
-    out.logits = out.logits.clone()  # engine outputs may be inference tensors
+    out.logits = out.require_logits().clone()  # engine outputs may be inference tensors
     for row, banned in masks:
         out.logits[row, banned] = float("-inf")
     exhausted = [row for row, _ in masks if bool(torch.isneginf(out.logits[row]).all())]

@@ -156,9 +156,13 @@ class SubserverCore:
         waited = now - ready[0].ready_since
         if not batch_due(len(ready), active, self.threshold(active), waited, self.limits.max_wait_s):
             return None
-        rows = [StepRow(r.rid, r.token_ids[r.cached:r.cached + chunk], r.sampling)
-                for r, chunk in select_rows(ready, self.limits)]
-        return Batch(rows) if rows else None
+        selected = select_rows(ready, self.limits)
+        if not selected:
+            return None
+        rows = [StepRow(r.rid, r.token_ids[r.cached:r.cached + chunk], r.sampling) for r, chunk in selected]
+        # The policy's reads, and bad words (masked in the logits, then resampled); the engine adds
+        # the rows whose own sampling reads the whole row (engine.base.full_logits_needed).
+        return Batch(rows, needs_logits=self.policy.needs_logits or any(r.spec.bad_sequences for r, _ in selected))
 
     def wait_left(self, now: float) -> float | None:
         """Seconds until delayed batching must start a step anyway; None with nothing runnable."""

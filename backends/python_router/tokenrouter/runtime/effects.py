@@ -59,6 +59,7 @@ class Batch:
     """The next engine step: one row per request, with how many of its pending tokens it feeds."""
 
     rows: list[StepRow]
+    needs_logits: bool = True  # whether anything after the step reads the full-vocabulary logits
 
     @property
     def rids(self) -> list[str]:

@@ -45,7 +45,9 @@ def record_log_probs(requests: list[RequestState], decisions: list[Route | None]
     for row, (request, decision) in enumerate(zip(requests, decisions)):
         if decision is not None and request.spec.return_log_probs:
             token = request.sampled_token if decision.token is None else int(decision.token)
-            request.sampled_logprob = sampled_log_prob(out.logits[row], request.sampling, token)
+            # Greedy rows report 0.0 without the logits (a step may leave them out, engine.base).
+            logits = None if request.sampling.greedy else out.require_logits()[row]
+            request.sampled_logprob = sampled_log_prob(logits, request.sampling, token)
 
 
 def select_result_rows(result: StepResult, rows: list[int]) -> StepResult:

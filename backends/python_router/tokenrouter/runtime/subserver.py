@@ -193,7 +193,8 @@ class Subserver:
         policy = self.core.policy
         start = time.monotonic()
         try:
-            result = self.engine.step(batch.rows, return_hidden=policy.needs_hidden, top_logits=policy.top_logits)
+            result = self.engine.step(batch.rows, return_hidden=policy.needs_hidden, top_logits=policy.top_logits,
+                                      return_logits=batch.needs_logits)
         except Exception as exc:  # one bad step fails its requests, never the subserver
             log.exception("step failed on %s", self.name)
             error = f"{type(exc).__name__} on {self.name}: {exc}"
