@@ -15,9 +15,8 @@ import time
 import pytest
 
 from tokenrouter.client import GrpcStream, grpc_stream, inputs
-from e2e.test_routing_server import PROMPTS
-from e2e.test_serve import _launch, triton_pid
-from reliability.test_bounded_work import _rss_mb
+from helpers.routing import PROMPTS
+from helpers.launcher import launch, rss_mb, triton_pid
 from tokenrouter.launch.triton_server import stub_pids
 
 USERS = 16
@@ -38,7 +37,7 @@ def slope_mb_per_min(samples: list[tuple[float, float]]) -> float:
 @pytest.mark.timeout(MINUTES * 60 + 300)  # the run itself, plus start and stop (the default is 600 s)
 def test_sixteen_users_for_ten_minutes_no_failure_and_flat_memory(tmp_path) -> None:
     minutes = MINUTES
-    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"))
+    launcher, ports = launch("--tiny", "--model-repository", str(tmp_path / "repo"))
     log: list[str] = []
     threading.Thread(target=lambda: log.extend(launcher.stdout), daemon=True).start()
     url = f"127.0.0.1:{ports.grpc}"
@@ -73,7 +72,7 @@ def test_sixteen_users_for_ten_minutes_no_failure_and_flat_memory(tmp_path) -> N
         end = start + max(minutes * 60 - WARM_UP_S, 3 * SAMPLE_S)
         while time.monotonic() < end:
             for name, pid in processes.items():
-                rss[name].append((time.monotonic() - start, _rss_mb(pid)))
+                rss[name].append((time.monotonic() - start, rss_mb(pid)))
             time.sleep(SAMPLE_S)
         growth = {name: slope_mb_per_min(samples) for name, samples in rss.items()}
     finally:

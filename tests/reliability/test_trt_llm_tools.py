@@ -24,9 +24,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from e2e.conftest import UNARY, UNARY_CORE
-from e2e.test_routing_server import PROMPTS, metrics, wait_for_idle_pools
-from reliability.test_cancellation import assert_cancelled_and_idle, wait_until_held
+from helpers.servers import UNARY, UNARY_CORE
+from helpers.routing import PROMPTS, metrics, wait_for_idle_pools
+from helpers.cancellation import assert_cancelled_and_idle, wait_until_held
 from tokenrouter.client import grpc_stream, inputs
 from tokenrouter.text import TextCodec
 
