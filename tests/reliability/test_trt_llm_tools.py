@@ -5,7 +5,7 @@ The tools (tensorrtllm_backend c2e65b88, read there; their code stays outside th
 test below sends what one code path of one tool sends (names, dtypes, shapes, the same client calls
 and flags) and checks its answers the way that tool reads them; each docstring names the tool and
 the path. The unary paths go to ``tensorrt_llm_unary`` and ``unary``, unary twins of
-``tensorrt_llm`` and the front (e2e/conftest.py), as the tools' unary modes need a repository
+``tensorrt_llm`` and the front (helpers/servers.py), as the tools' unary modes need a repository
 rendered with ``frontend.decoupled: false``; one server serves both modes here.
 
 Greedy ids through ``tensorrt_llm`` equal the ``tokenrouter`` front's for the same prompt, and so do
