@@ -14,7 +14,8 @@ import pytest
 
 from helpers.routing import routing_config
 from helpers.servers import add_unary_core, add_unary_front, start_triton
-from tokenrouter.launch.triton_server import TritonServer, build_backend_dir, find_triton
+from tokenrouter.launch.triton_install import build_backend_dir, find_triton
+from tokenrouter.launch.triton_server import TritonServer
 from tokenrouter.serving.repository import render_repository
 from tokenrouter_engines.tiny import FAMILIES, ensure_tiny_pair
 
@@ -69,7 +70,7 @@ def tiny_tokenizer(tiny_pair: dict[str, Path]) -> Path:
 @pytest.fixture(scope="session")
 def backend_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # python_router is placed only when its model.py exists: the echo repository does not need it
-    from tokenrouter.launch.triton_server import BACKEND_MODEL_FILE
+    from tokenrouter.launch.triton_install import BACKEND_MODEL_FILE
 
     model_file = BACKEND_MODEL_FILE if BACKEND_MODEL_FILE.is_file() else None
     return build_backend_dir(find_triton(), tmp_path_factory.mktemp("backends") / "backends", model_file)

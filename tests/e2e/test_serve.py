@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from tokenrouter.client import http_generate
-from tokenrouter.launch.triton_server import Ports, process_alive
+from tokenrouter.launch.processes import process_alive
+from tokenrouter.launch.triton_server import Ports
 from tokenrouter.openai_server.app import API_KEY_ENV
 
 from helpers.launcher import descendants, launch, stop_and_check, triton_pid

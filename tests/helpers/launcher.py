@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tokenrouter.launch.openai_process import free_port
-from tokenrouter.launch.triton_server import Ports, process_alive
+from tokenrouter.launch.processes import process_alive
+from tokenrouter.launch.triton_server import Ports
 from tokenrouter.procfs import proc_stat
 
 

@@ -9,7 +9,8 @@ from typing import Iterator
 
 from tokenrouter.config import FrontendSpec
 from tokenrouter.launch.openai_process import OpenAIServer, free_port
-from tokenrouter.launch.triton_server import Ports, TritonServer, find_triton
+from tokenrouter.launch.triton_install import find_triton
+from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.serving.repository import (CORE_MODEL, model_parameters, render_frontend, subserver_config,
                                            write_core_model, write_front, write_model)
 from tokenrouter.serving.schema import EXCLUDE_INPUT

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from helpers.stand_in_triton import STAND_IN
-from tokenrouter.launch.triton_server import (START_ATTEMPTS, Ports, StartAborted, TritonError, TritonInstall,
-                                            TritonServer, process_alive)
+from tokenrouter.launch.errors import StartAborted, TritonError
+from tokenrouter.launch.processes import process_alive
+from tokenrouter.launch.triton_install import TritonInstall
+from tokenrouter.launch.triton_server import START_ATTEMPTS, Ports, TritonServer
 
 def _server(tmp_path: Path, *, aborts: int, exit_code: int = 0, sig: str = "SIGABRT",
             hang: bool = False) -> tuple[TritonServer, Path]:

@@ -11,7 +11,7 @@ from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from helpers.launcher import rss_mb
 from helpers.routing import MAX_MODEL_LEN, PROMPTS
 from tokenrouter.serving.text.input_limits import BYTES_PER_TOKEN_BOUND
-from tokenrouter.launch.triton_server import stub_pids
+from tokenrouter.launch.processes import stub_pids
 
 
 def test_a_20_mb_prompt_is_refused_at_once_without_growing_the_front(routing_server):

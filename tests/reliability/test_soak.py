@@ -17,7 +17,7 @@ import pytest
 from tokenrouter.client import GrpcStream, grpc_stream, inputs
 from helpers.routing import PROMPTS
 from helpers.launcher import launch, rss_mb, triton_pid
-from tokenrouter.launch.triton_server import stub_pids
+from tokenrouter.launch.processes import stub_pids
 
 USERS = 16
 WARM_UP_S = 60.0
