@@ -1,13 +1,25 @@
-"""Shared fixtures: tiny model pairs built once per machine (see engines/tiny.py)."""
+"""Shared fixtures: tiny model pairs built once per machine (see engines/tiny.py), and the real
+Triton servers on them: one routing server for the whole session, and a module's own servers.
+
+A server start costs 20-60 s here (each loads ~9 Python stubs that import transformers): a test that
+only needs *a* routing server uses ``routing_server``; a module starts its own (``start_server``) only
+for a repository of its own or to change the server's state (stop, reload, kill)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
+from helpers.routing import routing_config
+from helpers.servers import add_unary_core, add_unary_front, start_triton
+from tokenrouter.launch.triton_install import build_backend_dir, find_triton
+from tokenrouter.launch.triton_server import TritonServer
+from tokenrouter.serving.repository import render_repository
 from tokenrouter_engines.tiny import FAMILIES, ensure_tiny_pair
+
+StartServer = Callable[..., TritonServer]
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +59,49 @@ def vllm_tiny_engines(tiny_pair: dict[Path, Path]):
     yield engines
     for engine in engines.values():
         engine.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_pair: dict[str, Path]) -> Path:
+    """The tiny pair's tokenizer: a byte-level BPE with ChatML specials."""
+    return tiny_pair["small"]
+
+
+@pytest.fixture(scope="session")
+def backend_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # python_router is placed only when its model.py exists: the echo repository does not need it
+    from tokenrouter.launch.triton_install import BACKEND_MODEL_FILE
+
+    model_file = BACKEND_MODEL_FILE if BACKEND_MODEL_FILE.is_file() else None
+    return build_backend_dir(find_triton(), tmp_path_factory.mktemp("backends") / "backends", model_file)
+
+
+@pytest.fixture(scope="module")
+def start_server(backend_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartServer]:
+    """start_server(repository, timeout_s=...) -> a ready TritonServer; all are stopped at module end."""
+    servers: list[TritonServer] = []
+
+    def start(repository: Path, timeout_s: float = 180.0) -> TritonServer:
+        server = start_triton(repository, backend_dir, tmp_path_factory.mktemp("triton-log"), timeout_s)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def routing_server(backend_dir: Path, tiny_pair: dict[str, Path],
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """``routing_config(tiny_pair)`` (the tiny pair behind the python_router subservers, routing 30 % of
+    positions to llm) with the default front, a unary one and a unary tensorrt_llm: one server for the
+    whole session. Tests leave it as they found it (requests ended, pools idle). tensorrt_llm wraps ids
+    past the vocabulary, as TensorRT-LLM's synthetic benchmark workloads need (test_trt_llm_tools.py);
+    the refusal by default is a unit test's."""
+    config = routing_config(tiny_pair)
+    config["frontend"] = {**config["frontend"], "out_of_vocabulary_ids": "wrap"}
+    repository = add_unary_core(add_unary_front(render_repository(config, tmp_path_factory.mktemp("routing-repo"))))
+    server = start_triton(repository, backend_dir, tmp_path_factory.mktemp("routing-log"), 300)
+    yield server
+    server.stop()

@@ -10,7 +10,7 @@ import concurrent.futures
 from tokenrouter import TokenRouter
 from tokenrouter.serving.repository import render_repository
 
-from .test_routing_server import PROMPTS, routing_config, stream_ids
+from helpers.routing import PROMPTS, routing_config, stream_ids
 
 
 def test_auto_thresholds_load_and_serve_the_embedded_output(start_server, tiny_pair, tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from tokenrouter.config import load_config
-from tokenrouter.serving.repository import render_repository
 from tokenrouter_tools.bench import prometheus
 from tokenrouter_tools.bench.loadgen import run_closed_loop
 from tokenrouter_tools.bench.records import summarize
@@ -18,17 +17,8 @@ from tokenrouter_tools.bench.workloads import TextPrompts, Workload
 from tokenrouter.launch.serve import TINY_CONFIG
 
 
-def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(start_server, tiny_pair,
-                                                                             tmp_path_factory):
-    config = {
-        "models": {name: {"path": str(tiny_pair[size]), "kv_cache_tokens": 4096, "max_batch_size": 8}
-                   for name, size in (("slm", "small"), ("llm", "large"))},
-        "policy": {"name": "random", "params": {"rate": 0.3, "seed": 0}},
-        "scheduling": {"strategy": "tokenrouter", "max_wait_ms": 5, "max_active": 8},
-        "max_model_len": 512,
-        "frontend": {"names": ["tokenrouter"]},
-    }
-    server = start_server(render_repository(config, tmp_path_factory.mktemp("bench-repo")))
+def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(routing_server):
+    server = routing_server  # the tiny pair, random policy at 30 %
     metrics_url = f"127.0.0.1:{server.ports.metrics}"
     before = prometheus.scrape(metrics_url)
     target = TritonTarget(server.grpc_url, "llm")

@@ -22,7 +22,7 @@ from tokenrouter.client import (batch, grpc_infer, grpc_stream, http_generate, h
                                 http_post, inputs)
 from tokenrouter.text import TextCodec
 
-from .conftest import UNARY
+from helpers.servers import UNARY
 
 # multi-byte characters that a 4k-token byte-level BPE splits over several tokens
 PROMPT = "def greet(name):\n    return f\"héllo {name} 🙂 — 你好, wörld\"\n"

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tokenrouter.client import http_generate
-from .test_serve import _descendants, _launch, _stop_and_check
+from helpers.launcher import descendants, launch, stop_and_check
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 # What the wheel installs at the top level of site-packages (besides its .dist-info).
@@ -136,14 +136,14 @@ print(json.dumps({"modules": [m.__file__ for m in (tokenrouter, tokenrouter_engi
 def test_the_installed_command_serves_the_tiny_pair_from_a_folder_outside_the_checkout(installed, tmp_path) -> None:
     venv, _ = installed
     assert not tmp_path.is_relative_to(CHECKOUT)
-    launcher, ports = _launch("--tiny", command=[str(venv / "bin" / "tokenrouter")], cwd=tmp_path,
+    launcher, ports = launch("--tiny", command=[str(venv / "bin" / "tokenrouter")], cwd=tmp_path,
                               env=clean_env(venv))
     try:
-        server_pids = _descendants(launcher.pid)
+        server_pids = descendants(launcher.pid)
         reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": "def add(a, b):", "max_tokens": 8})
         assert reply["finish_reason"] == "length" and len(reply["output_ids"]) == 8
         assert (tmp_path / ".runtime" / "repositories" / "tiny").is_dir()  # state in the project folder
-        _stop_and_check(launcher, signal.SIGTERM, server_pids)
+        stop_and_check(launcher, signal.SIGTERM, server_pids)
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -19,11 +19,9 @@ import httpx
 import openai
 import pytest
 
-from e2e.test_routing_server import routing_config
-from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec
 
-from .conftest import openai_server
+from helpers.servers import openai_server
 
 KEY = "test-key-1234"
 MODEL = "tokenrouter"
@@ -31,9 +29,8 @@ HELLO = [{"role": "system", "content": "You answer briefly."}, {"role": "user", 
 
 
 @pytest.fixture(scope="module")
-def api(start_server, tiny_pair: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    triton = start_server(render_repository(routing_config(tiny_pair), tmp_path_factory.mktemp("openai-repo")))
-    with openai_server(triton, tmp_path_factory.mktemp("openai-log"), api_key=KEY) as server:
+def api(routing_server, tmp_path_factory: pytest.TempPathFactory):
+    with openai_server(routing_server, tmp_path_factory.mktemp("openai-log"), api_key=KEY) as server:
         yield server
 
 

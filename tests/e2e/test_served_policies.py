@@ -21,7 +21,7 @@ from tokenrouter.policies.networks import build_network, save_router
 from tokenrouter.serving.repository import HEADER, ROUTING_POLICY, read_model_config, read_repository, render_repository
 
 from tokenrouter.client import http_post
-from .test_routing_server import PROMPTS, routing_config, stream_ids
+from helpers.routing import PROMPTS, routing_config, stream_ids
 
 NEWLINE = 198  # "\n" in the tiny pair's byte-level BPE: a GlimpRouter step is a line
 # Parameters under which each policy routes on the tiny pair's (very confident) distributions; the
@@ -89,10 +89,11 @@ def edit_routing_policy(repository: Path, policy: str, params: dict, weights: st
     (repository / ROUTING_POLICY / "config.pbtxt").write_text(HEADER + text_format.MessageToString(config))
 
 
-# Each case starts a server (~20 s here). The default suite serves one of each kind: a plain router,
-# one on the logits, a learned one whose weights sit in routing_policy/1/, the mixing ensemble; the
+# Each case starts a server (~20 s here). The default suite serves one of each kind: a router on the
+# logits, a learned one whose weights sit in routing_policy/1/, the mixing ensemble; the plain seeded
+# router (random) is served by test_routing_server.py's oracles on the suite's routing server, the
 # runtime oracles hold every policy's tokens, and `-m slow` serves the rest too.
-SERVED_BY_DEFAULT = {"random", "r_stitch", "co_llm", "ensemble"}
+SERVED_BY_DEFAULT = {"r_stitch", "co_llm", "ensemble"}
 
 
 @pytest.mark.parametrize("policy", [p if p in SERVED_BY_DEFAULT else pytest.param(p, marks=pytest.mark.slow)

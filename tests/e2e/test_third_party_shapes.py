@@ -19,25 +19,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from tokenrouter.client import GrpcStream, Reply, grpc_infer
-from tokenrouter.serving.repository import model_parameters, write_front
-from tokenrouter.serving.schema import EXCLUDE_INPUT
 from tokenrouter.text import TextCodec
 
-from .conftest import UNARY, render_echo_repository
-
-# Beside the echo repository's `tokenrouter` and unary fronts: one rendered as Triton's OpenAI
-# frontend needs it (frontend.exclude_input_in_output true), one with chat_template on.
-OPENAI_FRONT, CHAT_FRONT = "openai_front", "chat_front"
-
-
-@pytest.fixture(scope="module")
-def echo_server(start_server, tiny_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory):
-    repository = render_echo_repository(tmp_path_factory.mktemp("echo-repo"), tiny_tokenizer)
-    base = model_parameters(repository / "tokenrouter")
-    write_front(repository, OPENAI_FRONT, {**base, EXCLUDE_INPUT: True}, decoupled=True, max_batch_size=8)
-    write_front(repository, CHAT_FRONT, {**base, "chat_template": True}, decoupled=True, max_batch_size=8)
-    return start_server(repository)
-
+from helpers.servers import CHAT_FRONT, OPENAI_FRONT, UNARY
 
 @pytest.fixture(scope="module")
 def codec(tiny_tokenizer: Path) -> TextCodec:

@@ -25,13 +25,12 @@ from tokenrouter.config import TokenRouterConfig, load_config
 from tokenrouter.launch.triton_install import find_triton
 from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, PAIR_SECRET_FILE_ENV, PAIR_SECRET_PARAMETER
-from tokenrouter.serving.repository import render_repository
 from tokenrouter.serving.schema import PEER_INPUT
 from tokenrouter.serving.subserver.peer_sessions import LINK_PARAMETER
 
 from tokenrouter_tools.bench.placed import LoopbackNodes, free_ports, on_loopback
 
-from .test_routing_server import MAX_MODEL_LEN, PROMPTS, metrics, routing_config, stream_ids, wait_for_idle_pools
+from helpers.routing import MAX_MODEL_LEN, PROMPTS, metrics, routing_config, stream_ids, wait_for_idle_pools
 
 WITHIN_S = 3.0  # transport.down_after_s is 1 s; the rest is a loaded machine's slack (the run shows the times)
 LONG = MAX_MODEL_LEN - 32
@@ -96,8 +95,8 @@ def expected(embedded, prompt: str, seed: int, max_tokens: int = 24) -> tuple[li
     return result.token_ids, result.models, result.finish_reason
 
 
-def test_two_servers_serve_the_tokens_of_one_server_and_of_the_embedded_runtime(deployment, embedded, config,
-                                                                               start_server, tmp_path):
+def test_two_servers_serve_the_tokens_of_one_server_and_of_the_embedded_runtime(deployment, embedded,
+                                                                               routing_server):
     """Greedy, the seeded random policy (30 % of positions to llm): the same tokens, each from the
     same model, from two servers (all prompts at once) as from one server and the embedded runtime."""
     want = {i: expected(embedded, prompt, seed=i) for i, prompt in enumerate(PROMPTS)}
@@ -106,11 +105,8 @@ def test_two_servers_serve_the_tokens_of_one_server_and_of_the_embedded_runtime(
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
         two = dict(zip(want, pool.map(lambda i: stream_ids(entry, PROMPTS[i], max_tokens=24, seed=i), want)))
     assert two == want
-    one = start_server(render_repository(config, tmp_path / "one-server"))  # the same config, every model here
-    try:
-        assert {i: stream_ids(one, PROMPTS[i], max_tokens=24, seed=i) for i in want} == want
-    finally:
-        one.stop()
+    # the suite's routing server: routing_config(tiny_pair) too, every model in one server
+    assert {i: stream_ids(routing_server, PROMPTS[i], max_tokens=24, seed=i) for i in want} == want
     handoffs = metrics(entry)
     assert handoffs['tokenrouter_handoffs_total{direction="out",model="slm"}'] > 0
 

@@ -16,7 +16,7 @@ from tokenrouter.procfs import child_pids, proc_stat
 from tokenrouter.serving.repository import render_repository
 
 from tokenrouter.client import http_generate
-from .test_routing_server import PROMPTS, routing_config, stream_ids, wait_for_idle_pools
+from helpers.routing import PROMPTS, routing_config, stream_ids, wait_for_idle_pools
 
 
 @pytest.fixture(scope="module")

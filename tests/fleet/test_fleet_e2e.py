@@ -22,7 +22,7 @@ import pytest
 from tokenrouter import TokenRouter
 from tokenrouter.fleet.launcher import free_port_run, tiny_config
 from tokenrouter.launch.openai_process import free_port
-from tests.e2e.test_serve import _children
+from helpers.launcher import children
 
 pytestmark = pytest.mark.timeout(400)
 PROMPT_IDS = [321, 784, 10, 67, 14, 301, 309]
@@ -37,7 +37,7 @@ class Fleet:
         self.client = openai.OpenAI(base_url=self.url, api_key="unused", max_retries=0, timeout=120)
 
     def worker_pids(self) -> list[int]:
-        return [pid for pid in _children(self.process.pid)
+        return [pid for pid in children(self.process.pid)
                 if "tokenrouter.fleet.worker" in Path(f"/proc/{pid}/cmdline").read_text()]
 
     def metrics(self, port: int) -> dict[tuple[str, str], float]:
@@ -86,7 +86,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             try:
                 process.wait(60)
             except subprocess.TimeoutExpired:
-                for pid in _children(process.pid):
+                for pid in children(process.pid):
                     os.kill(pid, signal.SIGKILL)
                 process.kill()
 

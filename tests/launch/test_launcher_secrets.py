@@ -4,7 +4,7 @@ environment of the processes under the server. /proc/<pid>/cmdline is readable b
 whatever a stub starts inherits its environment; a key on tritonserver's command line once let any
 local user load code into the server.
 
-The stand-in binary (test_start_retry.py's) plays tritonserver's part as the launcher sees it from
+The stand-in binary (helpers/stand_in_triton.py) plays tritonserver's part as the launcher sees it from
 outside: it answers /v2/health/ready and starts a child (as a stub is) that stays up."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_start_retry import STAND_IN
 
-from e2e.test_serve import _descendants
+from helpers.launcher import descendants
+from helpers.stand_in_triton import STAND_IN
 from tokenrouter.launch.triton_install import TritonInstall
 from tokenrouter.launch.triton_server import MODEL_CONTROL, Ports, TritonServer
 from tokenrouter.openai_server.app import API_KEY_ENV
@@ -52,7 +52,7 @@ def test_the_command_closes_model_control_and_carries_no_key() -> None:
 
 
 def test_no_process_under_the_server_has_a_secret_in_its_cmdline_or_environ(server: TritonServer) -> None:
-    processes = [server.process.pid, *_descendants(server.process.pid)]
+    processes = [server.process.pid, *descendants(server.process.pid)]
     assert len(processes) >= 2, "the stand-in's child is missing"
     secrets = [API_KEY, PAIR_SECRET, server.peer_secret]
     for pid in processes:
@@ -83,7 +83,7 @@ def test_as_another_local_user_no_secret_can_be_read(server: TritonServer) -> No
     def as_nobody(path: str) -> subprocess.CompletedProcess:
         return subprocess.run(["runuser", "-u", "nobody", "--", "cat", path], capture_output=True, timeout=30)
 
-    for pid in [server.process.pid, *_descendants(server.process.pid)]:
+    for pid in [server.process.pid, *descendants(server.process.pid)]:
         cmdline = as_nobody(f"/proc/{pid}/cmdline")
         assert cmdline.returncode == 0 and (b"tritonserver" in cmdline.stdout or b"sleep" in cmdline.stdout)
         assert not [s for s in (API_KEY, PAIR_SECRET, server.peer_secret) if s.encode() in cmdline.stdout]

@@ -2,7 +2,7 @@
 one that exits with a code (a repository that cannot load) is not; one that never gets ready is
 stopped with everything it started.
 
-The stand-in binary below plays tritonserver's part as the launcher sees it from outside (a
+The stand-in binary (helpers/stand_in_triton.py) plays tritonserver's part as the launcher sees it from outside (a
 process that dies, or answers /v2/health/ready on its HTTP port); what is tested is the
 launcher's retry rule, not Triton.
 """
@@ -15,40 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers.stand_in_triton import STAND_IN
 from tokenrouter.launch.errors import StartAborted, TritonError
 from tokenrouter.launch.processes import process_alive
 from tokenrouter.launch.triton_install import TritonInstall
 from tokenrouter.launch.triton_server import START_ATTEMPTS, Ports, TritonServer
-
-STAND_IN = '''#!{python}
-import http.server, os, signal, subprocess, sys, time
-from pathlib import Path
-
-runs = Path({runs!r})
-runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
-if len(runs.read_text()) <= {aborts}:
-    os.kill(os.getpid(), signal.{signal})  # as the bundled 2.51 does on its lock_exception
-if {exit_code}:
-    sys.exit({exit_code})
-if {hang}:  # never ready, with a child in its process group (as a stub is)
-    Path({runs!r} + ".child").write_text(str(subprocess.Popen(["sleep", "600"]).pid))
-    time.sleep(600)
-subprocess.Popen(["sleep", "600"])  # a stub: in its process group, with its environment
-port = int(next(a for a in sys.argv if a.startswith("--http-port=")).split("=")[1])
-
-
-class Ready(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
-'''
-
 
 def _server(tmp_path: Path, *, aborts: int, exit_code: int = 0, sig: str = "SIGABRT",
             hang: bool = False) -> tuple[TritonServer, Path]:

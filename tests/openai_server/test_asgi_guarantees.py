@@ -18,7 +18,7 @@ from tokenrouter.openai_server.served import ServedPair
 from tokenrouter.openai_server.triton_stream import FrontReply
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.config import load_config
-from e2e.test_routing_server import routing_config
+from helpers.routing import routing_config
 
 KEY = "k" * 40
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.test_routing_server import PROMPTS
+from helpers.routing import PROMPTS
 from reliability.hostile_probe import PROBES
 from tokenrouter.client import grpc_stream, inputs
 

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from tritonclient.utils import InferenceServerException
 
 from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
-from e2e.test_routing_server import MAX_MODEL_LEN, PROMPTS
+from helpers.launcher import rss_mb
+from helpers.routing import MAX_MODEL_LEN, PROMPTS
 from tokenrouter.serving.text.input_limits import BYTES_PER_TOKEN_BOUND
 from tokenrouter.launch.processes import stub_pids
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def test_a_20_mb_prompt_is_refused_at_once_without_growing_the_front(routing_server):
@@ -27,7 +20,7 @@ def test_a_20_mb_prompt_is_refused_at_once_without_growing_the_front(routing_ser
     server = routing_server
     pid = stub_pids(server.process.pid)["tokenrouter"]  # the front tokenizes
     http_generate(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 2})  # warm
-    before = _rss_mb(pid)
+    before = rss_mb(pid)
     huge = "def f():\n    return 1\n" * (20 * 2**20 // 22)
     took = []
     for _ in range(5):  # the first one also grows the stubs' shared memory to hold 20 MB
@@ -38,7 +31,7 @@ def test_a_20_mb_prompt_is_refused_at_once_without_growing_the_front(routing_ser
     print(f"20 MB refused in {sorted(took)[2] * 1000:.0f} ms (median of 5; each: "
           f"{', '.join(f'{t * 1000:.0f}' for t in took)} ms)")
     assert max(took) < 2.0, f"refusing 20 MB took {max(took):.2f} s"
-    assert _rss_mb(pid) - before < 64, f"the front grew from {before:.0f} MB to {_rss_mb(pid):.0f} MB"
+    assert rss_mb(pid) - before < 64, f"the front grew from {before:.0f} MB to {rss_mb(pid):.0f} MB"
     reply = http_generate(server.http_url, {"text_input": PROMPTS[1], "max_tokens": 4})
     assert len(reply["output_ids"]) == 4
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from e2e.test_routing_server import PROMPTS, metrics, stream_ids, wait_for_idle_pools
-from e2e.test_serve import _descendants
-from reliability.test_cancellation import wait_until_held
+from helpers.routing import PROMPTS, metrics, stream_ids, wait_for_idle_pools
+from helpers.launcher import descendants
+from helpers.cancellation import wait_until_held
 from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from tokenrouter.protocol import PeerMessage, RequestSpec, encode_batch
 from tokenrouter.serving.control import ControlCall
@@ -176,7 +176,7 @@ def test_the_peer_secret_is_in_no_environment_and_no_model_config(routing_server
     environment (it once was in tritonserver's, hence in every stub's), and no model's config, as
     any client reads it, holds it; nor any command line (every local user reads those)."""
     secret = routing_server.peer_secret
-    processes = [routing_server.process.pid, *_descendants(routing_server.process.pid)]  # and what stubs start
+    processes = [routing_server.process.pid, *descendants(routing_server.process.pid)]  # and what stubs start
     stubs = set(stub_pids(routing_server.process.pid).values())
     assert len(stubs) >= 7 and stubs <= set(processes), (stubs, processes)  # the fronts, subservers, text models
     for pid in processes:

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from e2e.test_routing_server import PROMPTS
-from e2e.test_serve import _launch
+from helpers.routing import PROMPTS
+from helpers.launcher import launch
 from tokenrouter.client import grpc_stream, http_generate, inputs
 from tokenrouter.serving.repository import render_repository
 from tokenrouter_engines.tiny import ensure_tiny_pair
@@ -71,7 +71,7 @@ def test_a_dead_loop_fails_its_requests_marks_the_server_not_ready_and_heals(tmp
     was refused, with no restart (the supervisor watches processes, not threads)."""
     trigger = tmp_path / "break-now"
     repo = _repository_with_a_breakable_loop(tmp_path / "repo", trigger)
-    launcher, ports = _launch("--model-repository", str(repo))
+    launcher, ports = launch("--model-repository", str(repo))
     log: list[str] = []
     threading.Thread(target=lambda: log.extend(launcher.stdout), daemon=True).start()
     grpc_url, http_url = f"127.0.0.1:{ports.grpc}", f"127.0.0.1:{ports.http}"

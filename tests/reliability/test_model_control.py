@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from e2e.test_routing_server import PROMPTS, stream_ids
+from helpers.routing import PROMPTS, stream_ids
 from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from tokenrouter.launch.processes import stub_pids
 from tokenrouter.launch.shared_memory import shm_regions_of

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from e2e.conftest import openai_server
-from e2e.test_routing_server import metrics
+from helpers.servers import openai_server
+from helpers.routing import metrics
 
-from .test_cancellation import LONG, assert_cancelled_and_idle, wait_until_held
+from helpers.cancellation import LONG, assert_cancelled_and_idle, wait_until_held
 
 STREAMS = 6
 

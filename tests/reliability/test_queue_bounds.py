@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from e2e.conftest import start_server  # noqa: F401 - a module's own servers, stopped at its end
-from e2e.test_routing_server import metrics, routing_config
+from helpers.routing import metrics, routing_config
 from tokenrouter.client import DEFAULT_MODEL, grpc_stream, http_post, inputs
 from tokenrouter.serving.repository import render_repository
 

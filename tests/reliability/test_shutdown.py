@@ -15,8 +15,8 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from tokenrouter.client import GrpcStream, grpc_stream, inputs
-from e2e.test_routing_server import PROMPTS
-from e2e.test_serve import _descendants, _launch, wait_stopped
+from helpers.routing import PROMPTS
+from helpers.launcher import descendants, launch, wait_stopped
 from tokenrouter.launch.shared_memory import SHM_DIR, SHM_PATTERN, shm_regions_of
 from tokenrouter.launch.triton_install import TritonInstall
 from tokenrouter.launch.triton_server import Ports, TritonServer
@@ -73,10 +73,10 @@ def _refused_within(url: str, seconds: float) -> bool:
 def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path) -> None:
     """Sixteen gRPC streams and two through the OpenAI server: all finish after SIGTERM, new requests
     are refused by both servers, nothing is left."""
-    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=60")
+    launcher, ports = launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=60")
     url = f"127.0.0.1:{ports.grpc}"
     try:
-        server_pids = _descendants(launcher.pid)
+        server_pids = descendants(launcher.pid)
         for port in (ports.http, launcher.openai_port):
             assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1 only, not 0.0.0.0
         regions = shm_regions_of(server_pids)  # only this server's: others may run on the machine
@@ -126,12 +126,12 @@ def test_sigterm_after_traffic_stops_in_seconds_while_clients_stay_connected(tmp
     for the idle clients (48-50 s in all). Now no front is unloaded: the drain ends when the fronts
     answer that none is in flight and the entry holds no request, and tritonserver is given a short
     exit timeout."""
-    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"))
+    launcher, ports = launch("--tiny", "--model-repository", str(tmp_path / "repo"))
     url = f"127.0.0.1:{ports.grpc}"
     streams = [GrpcStream(url) for _ in range(IDLE_CLIENTS)]
     keep_alive = http.client.HTTPConnection("127.0.0.1", ports.http, timeout=60)
     try:
-        server_pids = _descendants(launcher.pid)
+        server_pids = descendants(launcher.pid)
         for i, stream in enumerate(streams):
             stream.send(inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True, max_tokens=16, min_tokens=16))
         for stream in streams:
@@ -163,7 +163,7 @@ def _outcome(stream: concurrent.futures.Future) -> bytes | str:
 
 
 def test_requests_that_outlast_the_drain_timeout_end_with_a_clear_reason(tmp_path: Path) -> None:
-    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=1")
+    launcher, ports = launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=1")
     url = f"127.0.0.1:{ports.grpc}"
     try:
         with concurrent.futures.ThreadPoolExecutor(6) as pool:

@@ -30,11 +30,10 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from tokenrouter.client import GrpcStream, grpc_stream, inputs
-from e2e.test_routing_server import PROMPTS
-from e2e.test_serve import _launch, triton_pid
+from helpers.routing import PROMPTS
+from helpers.launcher import launch, rss_mb, triton_pid
+from reliability import hostile_probe
 from reliability.hostile_probe import PROBES
-from reliability.test_bounded_doors import PROBE
-from reliability.test_bounded_work import _rss_mb
 from tokenrouter.launch.processes import stub_pids
 
 USERS = 16
@@ -63,7 +62,7 @@ def _probe_round(url: str) -> None:
     with pytest.raises(InferenceServerException, match="limit is"):
         grpc_stream(url, inputs(text_input="def f():\n    return 1\n" * (20 * 2**20 // 22), max_tokens=4))
     for name, (_, message) in sorted(PROBES.items()):
-        answer = subprocess.run([sys.executable, str(PROBE), name, url], capture_output=True, text=True,
+        answer = subprocess.run([sys.executable, hostile_probe.__file__, name, url], capture_output=True, text=True,
                                 timeout=200, check=True).stdout.splitlines()[-1]
         assert re.split(r"\d", message)[0] in json.loads(answer)["error"], (name, answer)
 
@@ -80,7 +79,7 @@ def slope_mb_per_min(samples: list[tuple[float, float]]) -> float:
 @pytest.mark.timeout(MINUTES * 60 + 900)  # the run, a start of up to 10 minutes (a loaded machine), probes, stop
 def test_after_the_hostile_probes_sixteen_users_for_ten_minutes_no_failure_and_flat_memory(tmp_path) -> None:
     minutes = MINUTES
-    launcher, ports = _launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--ready-timeout=600")
+    launcher, ports = launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--ready-timeout=600")
     log: list[str] = []
     threading.Thread(target=lambda: log.extend(launcher.stdout), daemon=True).start()
     url = f"127.0.0.1:{ports.grpc}"
@@ -120,7 +119,7 @@ def test_after_the_hostile_probes_sixteen_users_for_ten_minutes_no_failure_and_f
         end = start + max(minutes * 60 - WARM_UP_S, 3 * SAMPLE_S)
         while time.monotonic() < end:
             for name, pid in processes.items():
-                rss[name].append((time.monotonic() - start, _rss_mb(pid)))
+                rss[name].append((time.monotonic() - start, rss_mb(pid)))
             time.sleep(SAMPLE_S)
         growth = {name: slope_mb_per_min(samples) for name, samples in rss.items()}
     finally:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.conftest import render_echo_repository
-from e2e.test_serve import _launch, triton_pid
+from helpers.servers import render_echo_repository
+from helpers.launcher import launch, triton_pid
 from tokenrouter.client import http_generate
 from tokenrouter.launch.supervisor import BACKOFF_MAX_S, FREE_RESTARTS
 from tokenrouter.launch.processes import process_alive, stub_pids
@@ -36,7 +36,7 @@ class Launcher:
 
     def __init__(self, repository: Path) -> None:
         self.repository = repository
-        self.process, ports = _launch("--model-repository", str(repository))
+        self.process, ports = launch("--model-repository", str(repository))
         self.http_url, self.grpc_url = f"127.0.0.1:{ports.http}", f"127.0.0.1:{ports.grpc}"
         self.lines: list[str] = []  # kept read: a full pipe would block the launcher
         threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True).start()

@@ -5,7 +5,7 @@ The tools (tensorrtllm_backend c2e65b88, read there; their code stays outside th
 test below sends what one code path of one tool sends (names, dtypes, shapes, the same client calls
 and flags) and checks its answers the way that tool reads them; each docstring names the tool and
 the path. The unary paths go to ``tensorrt_llm_unary`` and ``unary``, unary twins of
-``tensorrt_llm`` and the front (e2e/conftest.py), as the tools' unary modes need a repository
+``tensorrt_llm`` and the front (helpers/servers.py), as the tools' unary modes need a repository
 rendered with ``frontend.decoupled: false``; one server serves both modes here.
 
 Greedy ids through ``tensorrt_llm`` equal the ``tokenrouter`` front's for the same prompt, and so do
@@ -24,9 +24,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from e2e.conftest import UNARY, UNARY_CORE
-from e2e.test_routing_server import PROMPTS, metrics, wait_for_idle_pools
-from reliability.test_cancellation import assert_cancelled_and_idle, wait_until_held
+from helpers.servers import UNARY, UNARY_CORE
+from helpers.routing import PROMPTS, metrics, wait_for_idle_pools
+from helpers.cancellation import assert_cancelled_and_idle, wait_until_held
 from tokenrouter.client import grpc_stream, inputs
 from tokenrouter.text import TextCodec
 

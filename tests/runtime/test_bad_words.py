@@ -76,7 +76,7 @@ def test_a_position_where_every_token_is_banned_is_reported_not_sampled():
 def test_the_core_ends_that_request_with_an_error_and_serves_the_rest():
     """The request whose bad words ban every next token ends with a clear error; its batch-mate
     commits its token as usual."""
-    from test_core import VOCAB, Sink, core, step
+    from helpers.core_driver import VOCAB, Sink, core, step
 
     from tokenrouter.runtime.request import Submission
 

@@ -8,23 +8,16 @@ runtime and gets a policy object of its own, so a mistake in the runtime's copie
 
 from __future__ import annotations
 
-from collections import Counter
 
 import pytest
 
+from helpers.oracle import POLICIES, assert_no_token_fed_twice, policy_name
 from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
 
 MAX_TOKENS = 20
-POLICIES = {
-    "slm_only": {},
-    "llm_only": {},
-    "random": {"rate": 0.3, "seed": 7},
-    "random_runs": {"rate": 0.2, "seed": 3, "run_length": 3, "keep_sampled": True},
-    "r_stitch": {"threshold": 0.35},
-}
 SCHEDULES = [
     ("tokenrouter", 1, 1),
     ("tokenrouter", 1, [1, 2, 2, 3]),
@@ -35,10 +28,6 @@ SCHEDULES = [
 ]
 
 _reference_cache: dict[str, list] = {}
-
-
-def _policy_name(key: str) -> str:
-    return "random" if key.startswith("random") else key
 
 
 def _expected(key: str, engine: TokenRouter, references, prompts) -> list:
@@ -57,7 +46,7 @@ def _expected(key: str, engine: TokenRouter, references, prompts) -> list:
 @pytest.mark.parametrize("key", list(POLICIES))
 def test_routed_output_equals_naive_reference(key, strategy, slm_b, llm_b, tiny_config, mixed_prompts, references):
     prompts = mixed_prompts(16)
-    config = tiny_config(_policy_name(key), POLICIES[key], strategy=strategy, slm_b=slm_b, llm_b=llm_b)
+    config = tiny_config(policy_name(key), POLICIES[key], strategy=strategy, slm_b=slm_b, llm_b=llm_b)
     with TokenRouter.from_config(config, step_log=100_000) as engine:
         results = engine.generate(prompts, max_tokens=MAX_TOKENS, timeout=120)
         expected = _expected(key, engine, references, prompts)
@@ -71,17 +60,3 @@ def test_routed_output_equals_naive_reference(key, strategy, slm_b, llm_b, tiny_
         assert_no_token_fed_twice(engine, prompts, results)
         if key not in ("slm_only",):
             assert any(result.large_model_share > 0 for result in results), "the policy never routed"
-
-
-def assert_no_token_fed_twice(engine: TokenRouter, prompts, results) -> None:
-    """Each model is fed each context position at most once: pending requests resume by an extend
-    of the peer's suffix, never by recomputing the prefix. Request ids follow submission order."""
-    context_len = {f"req-{i}": len(prompt) + len(result.token_ids)
-                   for i, (prompt, result) in enumerate(zip(prompts, results))}
-    for name, server in engine.subservers.items():
-        fed = Counter()
-        for record in server.step_log:
-            for rid, count in record.rows:
-                fed[rid] += count
-        for rid, count in fed.items():
-            assert count <= context_len[rid], f"{name} was fed {count} tokens of {rid}, context {context_len[rid]}"

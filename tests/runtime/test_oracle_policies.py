@@ -4,45 +4,16 @@ one-request-at-a-time reference token for token, and every policy does route."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-import torch
 
-from tokenrouter.policies.networks import build_network, save_router
+from helpers.oracle import CASES, write_router
 from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.runtime.assembly import build_policy
 from tokenrouter.runtime.reference import reference_generate
 
 MAX_TOKENS = 16
-HEAD = {"kind": "hidden_head", "hidden_size": 64, "width": 32, "depth": 1}
-R2R = {"kind": "r2r", "hidden_size": 64, "vocab_size": 4096, "top_k": 16, "d_model": 16, "depth": 1, "expansion": 2}
-
-
-def write_router(directory: Path, algorithm: str, architecture: dict) -> Path:
-    """A seeded random router with a widened output layer, so that scores spread over (0, 1) and
-    few land near the threshold (the test is about the runtime, not about routing quality)."""
-    torch.manual_seed(0)
-    network = build_network(architecture)
-    with torch.no_grad():
-        last = network.head if algorithm == "r2r" else network.mlp[-1]
-        last.weight.mul_(20.0)
-        if algorithm == "r2r":
-            network.token_embedding.normal_(0.0, 1.0)
-    return save_router(directory, network, {"algorithm": algorithm, "architecture": architecture, "threshold": 0.5})
-
-
-CASES = {
-    "citer": ({}, HEAD),
-    "co_llm": ({}, HEAD),
-    "r2r": ({}, R2R),
-    "ensemble": ({"weights": [0.6, 0.4]}, None),
-    "glimp": ({"threshold": 0.35, "step_end_ids": list(range(0, 4096, 5))}, None),
-    "query_level": ({"mode": "entropy", "threshold": 0.2}, None),  # splits these prompts about 7:5
-}
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_routed_output_equals_naive_reference(name, tiny_config, mixed_prompts, references, tmp_path):
     params, architecture = CASES[name]

@@ -14,9 +14,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_oracle import POLICIES, _policy_name
-from test_oracle_policies import CASES, write_router
 
+from helpers.oracle import CASES, POLICIES, policy_name, write_router
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.runtime.api import RequestHandle, TokenRouter
 from tokenrouter.runtime.assembly import build_policy
@@ -39,7 +38,7 @@ ALL_POLICIES = {**{key: (POLICIES[key], None) for key in POLICIES}, **CASES}
 @pytest.mark.parametrize("key", list(ALL_POLICIES))
 def test_sampled_processed_output_equals_naive_reference(key, tiny_config, mixed_prompts, references, tmp_path):
     params, architecture = ALL_POLICIES[key]
-    name = _policy_name(key) if key in POLICIES else key
+    name = policy_name(key) if key in POLICIES else key
     config = tiny_config(name, params, slm_b=1, llm_b=[1, 2])
     if architecture is not None:
         config["policy"]["weights"] = str(write_router(tmp_path / name, name, architecture))

@@ -9,39 +9,11 @@ counts what vLLM computed), and any drift between vLLM's forward and transformer
 from __future__ import annotations
 
 import pytest
-from test_oracle import assert_no_token_fed_twice
-from test_oracle_policies import CASES, write_router
 
-from tokenrouter.config import load_config
-from tokenrouter.protocol import RequestSpec
-from tokenrouter.runtime.api import TokenRouter
-from tokenrouter.runtime.assembly import build_policy
-from tokenrouter.runtime.reference import reference_generate
+from helpers.oracle import CASES, run_and_compare, write_router
 
-MAX_TOKENS = 16
 STRATEGIES = [("tokenrouter", 1, [1, 2, 2, 3]), ("eager_async", 1, 1), ("step_sync", 1, 1), ("model_sync", 1, 1)]
 BASIC = {"slm_only": {}, "llm_only": {}, "random": {"rate": 0.3, "seed": 7}, "r_stitch": {"threshold": 0.35}}
-
-
-def run_and_compare(config: dict, engines: dict, references, prompts: list[list[int]]) -> list:
-    for spec in config["models"].values():
-        spec.update(engine="vllm", block_size=32)
-    with TokenRouter(load_config(config), engines={"slm": engines["small"], "llm": engines["large"]},
-                     step_log=100_000) as engine:
-        results = engine.generate(prompts, max_tokens=MAX_TOKENS, timeout=300)
-        end_ids = sorted(engine.engines["slm"].eos_token_ids)
-        for prompt, result in zip(prompts, results):
-            spec = RequestSpec(prompt_len=len(prompt), max_tokens=MAX_TOKENS, end_ids=end_ids)
-            tokens, origins, reason = reference_generate(references, build_policy(engine.config), "slm", prompt,
-                                                         spec,
-                                                         max_model_len=engine.max_model_len)
-            assert result.token_ids == tokens, f"prompt {prompt}"
-            assert result.models == [engine.config.model_names[o] for o in origins]
-            assert result.finish_reason == reason
-        assert_no_token_fed_twice(engine, prompts, results)
-    for model in engines.values():  # every request ended: nothing held on either model
-        assert model.sequence_ids() == [] and model.num_free_blocks == model.num_total_blocks
-    return results
 
 
 # A policy that never hands off exercises no strategy: it runs under tokenrouter alone.

@@ -22,7 +22,7 @@ import time
 
 import pytest
 import torch
-from test_oracle_vllm import run_and_compare
+from helpers.oracle import run_and_compare
 
 from tokenrouter.config import load_config
 from tokenrouter.engine.base import StepRow

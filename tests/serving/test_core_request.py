@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from fake_pb_utils import FakeRequest, fake_pb
-from test_front_request import changes
+from helpers.generation import changes
 
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.request_builder import RequestError

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from e2e.test_routing_server import routing_config
+from helpers.routing import routing_config
 from tokenrouter.config import load_config
 from tokenrouter.openai_server.errors import OpenAIError
 from tokenrouter.openai_server.requests import limit_choices

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 from fake_pb_utils import FakeRequest, fake_pb
+from helpers.generation import changes
 
 from tokenrouter.request_builder import RequestError
 from tokenrouter.serving.front.front_request import OFF_ONLY, REFUSED, SEED_RANGE, Generation, parse_request
@@ -47,19 +47,6 @@ def request_inputs(**values: Any) -> dict[str, np.ndarray]:
     """One row of client inputs, each with its declared dtype (as Triton hands them to the front;
     strings as UTF-8 bytes)."""
     return {name: CLIENT_INPUTS[name].row(_encoded(value)) for name, value in {"text_input": PROMPT, **values}.items()}
-
-
-def fields(generation: Generation) -> dict[str, Any]:
-    """A generation as flat fields: its own and its spec's (``spec.<name>``)."""
-    flat = {name: value for name, value in asdict(generation).items() if name != "spec"}
-    flat.update({f"spec.{name}": value for name, value in asdict(generation.spec).items()})
-    return flat
-
-
-def changes(generations: list[Generation], baseline: Generation) -> list[dict[str, Any]]:
-    """Per generation, the fields that differ from the baseline's, with their values."""
-    base = fields(baseline)
-    return [{name: value for name, value in fields(g).items() if value != base[name]} for g in generations]
 
 
 def _words(text: TextInputs, *words: str) -> list[list[int]]:

@@ -1,0 +1,84 @@
+"""`tokenrouter serve` run as a user runs it, in a subprocess on free ports, and the processes below it (/proc)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tokenrouter.launch.openai_process import free_port
+from tokenrouter.launch.processes import process_alive
+from tokenrouter.launch.triton_server import Ports
+from tokenrouter.procfs import proc_stat
+
+
+def descendants(pid: int) -> list[int]:
+    """All processes below ``pid`` (from /proc): tritonserver and its Python stubs."""
+    below = children(pid)
+    return below + [d for child in below for d in descendants(child)]
+
+
+def children(pid: int) -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and (stat := proc_stat(entry.name)) is not None and stat.ppid == pid]
+
+
+def triton_pid(launcher_pid: int) -> int:
+    """The tritonserver the launcher runs now (its other child is the OpenAI server)."""
+    return next(pid for pid in children(launcher_pid)
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver")
+
+
+def launch(*args: str, python: str = sys.executable, cwd: Path | None = None,
+            env: dict[str, str] | None = None, command: list[str] | None = None) -> tuple[subprocess.Popen, Ports]:
+    """`tokenrouter serve ARGS` on free ports, returned once it says it is ready (the OpenAI server's
+    port: ``launcher.openai_port``). ``command``: the launcher to run (default: ``python -m`` its module);
+    ``env`` is added to this process's environment."""
+    ports, openai_port = Ports.free(), free_port()
+    launcher = subprocess.Popen(
+        # --ready-timeout: the tiny pair starts in under a minute here; a start seen hanging once
+        # (docs/reliability.md, known limits) then fails in 5 minutes with the log, not at pytest's timeout
+        [*(command or [python, "-m", "tokenrouter.launch.cli"]), "serve", *args, f"--http-port={ports.http}",
+         f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}", f"--openai-port={openai_port}",
+         "--triton-arg=--exit-timeout-secs=5",
+         *(["--ready-timeout=300"] if not any(a.startswith("--ready-timeout") for a in args) else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+        env=None if env is None else {**os.environ, **env})
+    launcher.openai_port = openai_port
+    lines: list[str] = []
+    for line in launcher.stdout:  # forwarded server log, then the ready line
+        lines.append(line)
+        if "tokenrouter serve: ready" in line:
+            return launcher, ports
+    launcher.wait()
+    pytest.fail("serve exited before ready:\n" + "".join(lines[-30:]))
+
+
+def stop_and_check(launcher: subprocess.Popen, sig: signal.Signals, server_pids: list[int]) -> None:
+    launcher.send_signal(sig)
+    wait_stopped(launcher, server_pids)
+
+
+def wait_stopped(launcher: subprocess.Popen, server_pids: list[int], timeout_s: float = 60) -> str:
+    """After a stop signal: the launcher exits 0 and no server process outlives it; returns its output."""
+    rest, _ = launcher.communicate(timeout=timeout_s)
+    assert launcher.returncode == 0, rest[-3000:]
+    assert "stopping tritonserver" in rest
+    deadline = time.monotonic() + 10
+    while any(process_alive(pid) for pid in server_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(process_alive(pid) for pid in server_pids)
+    return rest
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")

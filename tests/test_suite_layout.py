@@ -1,0 +1,27 @@
+"""The suite's own layout: what tests share lives in conftest.py files and tests/helpers/, never in a test
+module that another imports (importing one runs its module code a second time under another name, and
+ties one module's tests to another's internals)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).parent
+
+
+def imported_modules(path: Path) -> list[str]:
+    modules = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules.append(node.module)
+        elif isinstance(node, ast.Import):
+            modules.extend(alias.name for alias in node.names)
+    return modules
+
+
+def test_no_test_file_imports_a_test_module_or_a_conftest() -> None:
+    offenders = {str(path.relative_to(TESTS)): module for path in sorted(TESTS.rglob("*.py"))
+                 for module in imported_modules(path)
+                 if module.rsplit(".", 1)[-1].startswith("test_") or module.rsplit(".", 1)[-1] == "conftest"}
+    assert offenders == {}, "move what they share to tests/helpers/ (or a fixture to a conftest.py)"
