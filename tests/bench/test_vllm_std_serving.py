@@ -73,9 +73,7 @@ def test_dispatcher_on_two_vllm_servers_equals_each_models_greedy(tiny_pair) -> 
     n = 12
     try:
         for server in servers.values():
-            server.start()
-        for server in servers.values():
-            server.wait_ready(600)
+            server.start().wait_ready(600)
         urls = {name: s.url for name, s in servers.items()}
         for rate, reference in ((0.0, "slm"), (1.0, "llm")):
             policy = create_policy("random", ["slm", "llm"], "slm", {"rate": rate})

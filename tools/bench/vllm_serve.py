@@ -41,7 +41,7 @@ class VllmServe:
     kv_cache_gib: int = 1
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[str] | None = field(default=None, init=False)
-    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=60), init=False)
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=400), init=False)
 
     @property
     def url(self) -> str:

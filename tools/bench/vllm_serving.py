@@ -107,10 +107,8 @@ def std_serving_vllm(config: TokenRouterConfig, clients: int, codec: TextCodec,
                                max_num_seqs=clients, max_model_len=config.max_model_len)
                for index, (name, spec) in enumerate(config.models.items())}
     try:
-        for server in servers.values():  # both load at once, one core each
-            server.start()
-        for server in servers.values():
-            server.wait_ready(READY_S)
+        for server in servers.values():  # one after the other: started together, one failed to start here
+            server.start().wait_ready(READY_S)
         vocab = vocab_size(config.models[config.entry].path)
         yield (lambda: VllmStdServingTarget({n: s.url for n, s in servers.items()}, create_policy(
             config.policy.name, config.model_names, config.entry, config.policy.params, config.policy.weights),
@@ -232,7 +230,7 @@ def report(result: dict[str, Any]) -> str:
     for p in result["points"]:
         base = next(q for q in result["points"] if q["system"] == "large_alone" and q["clients"] == p["clients"]) \
             if "large_alone" in result["systems"] else None
-        ratio = p["throughput"] / base["throughput"] if base and base["throughput"] else None
+        ratio = p["throughput"] / base["throughput"] if p["throughput"] and base and base["throughput"] else None
         rows.append([p["clients"], LABELS[p["system"]], p["throughput"], ", ".join(f"{x:.1f}" for x in
                      p["throughput_all"]), ms(p["ttft_median_s"]), ms(p["latency_median_s"]),
                      p["per_user_median_tok_s"], pct(p["large_share"]), ratio, p["errors"]])
