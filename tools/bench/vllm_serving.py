@@ -198,7 +198,8 @@ def _one_run(name: str, rep: int, clients: int, target: Target, workload: Worklo
     before = {n: s.metrics() for n, s in servers.items()}
     result = closed_loop(target, workload, source, clients=clients, timing=timing, seed=seed + rep)
     row = {"system": name, "rep": rep, "clients": clients,
-           **summarize(result.records, result.window, clients, large=target.large).as_dict()}
+           **summarize(result.records, result.window, clients, large=target.large).as_dict(),
+           "error_samples": sorted({r.error for r in result.records if r.finish_reason == "error"})[:3]}
     if isinstance(target, VllmStdServingTarget):
         report = target.call_report()
         row["calls"] = {n: call_split(before[n], s.metrics(), report[n]) for n, s in servers.items() if n in report}
