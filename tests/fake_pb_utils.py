@@ -4,7 +4,9 @@ Only the calls the glue makes, recording what it sent: the subserver's intake an
 front's writer and its BLS calls to the entry take ``pb_utils`` as an argument, so a test injects
 ``fake_pb()``. The property such a test checks is our own bookkeeping; the e2e and reliability
 suites send the same requests to a real server. ``Faults`` makes every call into Triton a step that
-can raise, for the glue's fuzz test (reliability/test_glue_bookkeeping.py).
+can raise, for the glue's fuzz test (reliability/test_glue_bookkeeping.py). Each fake subclasses the
+Protocol it stands in for (tokenrouter/serving/triton_api.py), and the type checker checks this file:
+a fake that no longer matches what the glue may call fails the checker (`mypy`, in .ci/run).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import json
 import threading
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, final
 
 import numpy as np
+
+from tokenrouter.serving import triton_api
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -24,7 +28,8 @@ class Faults:
     ``at`` (0: never)."""
 
     def __init__(self, at: int = 0, kind: type[BaseException] = RuntimeError) -> None:
-        self.at, self.kind, self.calls, self.fired_in = at, kind, 0, None
+        self.at, self.kind, self.calls = at, kind, 0
+        self.fired_in: str | None = None  # where the fault was raised
 
     def step(self, where: str) -> None:
         self.calls += 1
@@ -39,7 +44,7 @@ def _instance(kind: type[BaseException]) -> BaseException:
     return kind("injected")
 
 
-class TritonError:
+class TritonError(triton_api.TritonError):
     """pb_utils.TritonError: the Python backend's codes; INTERNAL when none is given."""
 
     UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
@@ -51,7 +56,8 @@ class TritonError:
 CODES = {getattr(TritonError, name): name for name in vars(TritonError) if name.isupper()}
 
 
-class Tensor(tuple):
+@final  # the checker then reports any member of its Protocol that it lacks
+class Tensor(tuple, triton_api.Tensor):
     """pb_utils.Tensor: ``name()`` and ``as_numpy()``; also a (name, array) pair, so a response's
     tensors read as ``dict(response.output_tensors)``."""
 
@@ -65,7 +71,8 @@ class Tensor(tuple):
         return self[1]
 
 
-class FakeSender:
+@final
+class FakeSender(triton_api.ResponseSender):
     """A request's response sender. Like Triton's, it refuses a send after the FINAL (counted in
     ``sends_after_final``); ``log``, when given, gets the sender of every send in order."""
 
@@ -101,22 +108,27 @@ class FakeSender:
             return self.cancelled
 
 
-class FakeTensor:
-    def __init__(self, array: np.ndarray, faults: Faults) -> None:
-        self.array, self.faults = array, faults
+@final
+class FakeTensor(triton_api.Tensor):
+    def __init__(self, name: str, array: np.ndarray, faults: Faults) -> None:
+        self._name, self.array, self.faults = name, array, faults
+
+    def name(self) -> str:
+        return self._name
 
     def as_numpy(self) -> np.ndarray:
         self.faults.step("as_numpy")
         return self.array
 
 
-class FakeRequest:
+@final
+class FakeRequest(triton_api.InferenceRequest):
     """A client's (or a peer's) request to a model: inputs by name, parameters, a response sender."""
 
     def __init__(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, str],
-                 faults: Faults | None = None, outputs: Iterable[str] = ()) -> None:
-        self.faults = faults or Faults()
-        self.inputs = {name: FakeTensor(array, self.faults) for name, array in inputs.items()}
+                 faults: Faults | None = None, outputs: Iterable[str] = (), request_id: str = "") -> None:
+        self.faults, self._request_id = faults or Faults(), request_id
+        self.inputs_by_name = {name: FakeTensor(name, array, self.faults) for name, array in inputs.items()}
         self.sender = FakeSender(self.faults)
         self._parameters, self._outputs = dict(parameters), list(outputs)
 
@@ -127,6 +139,13 @@ class FakeRequest:
     def parameters(self) -> str:
         self.faults.step("parameters")
         return json.dumps(self._parameters)
+
+    def inputs(self) -> list[FakeTensor]:
+        self.faults.step("inputs")
+        return list(self.inputs_by_name.values())
+
+    def request_id(self) -> str:
+        return self._request_id
 
     def requested_output_names(self) -> list[str]:
         self.faults.step("requested_output_names")
@@ -162,7 +181,17 @@ class FakeSubserver:
         self.cancelled.append(rid)
 
 
-class EntryResponse:
+@final
+class BlsError(triton_api.BlsError):
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    def message(self) -> str:
+        return self._message
+
+
+@final
+class EntryResponse(triton_api.BlsResponse):
     """One response of a BLS stream (what ``InferenceRequest.exec`` yields)."""
 
     def __init__(self, outputs: Mapping[str, np.ndarray] | None = None, error: str | None = None) -> None:
@@ -171,22 +200,25 @@ class EntryResponse:
     def has_error(self) -> bool:
         return self._error is not None
 
-    def error(self) -> SimpleNamespace:
-        return SimpleNamespace(message=lambda: self._error)
+    def error(self) -> BlsError:
+        return BlsError(self._error or "")
 
     def output_tensors(self) -> list[Tensor]:
         return [Tensor(name, array) for name, array in self._outputs.items()]
 
 
-class BlsCall:
+@final
+class BlsCall(triton_api.BlsRequest):
     """A BLS request a model built (pb_utils.InferenceRequest); ``exec`` answers it with what
     ``answer(call)`` returns, and records the call in ``calls``."""
 
     def __init__(self, calls: list, answer: Callable[["BlsCall"], Iterable[EntryResponse]], *, model_name: str,
-                 inputs: list[Tensor], requested_output_names: list[str], parameters: Mapping[str, str]) -> None:
+                 inputs: list[triton_api.Tensor], requested_output_names: list[str],
+                 parameters: Mapping[str, str]) -> None:
         self.model_name, self.outputs, self.parameters = model_name, list(requested_output_names), dict(parameters)
         self.inputs = {tensor.name(): tensor.as_numpy() for tensor in inputs}
-        self._calls, self._answer, self.decoupled = calls, answer, None
+        self._calls, self._answer = calls, answer
+        self.decoupled: bool | None = None  # how it was executed
         calls.append(self)
 
     def exec(self, decoupled: bool = False) -> Iterable[EntryResponse]:
@@ -194,23 +226,45 @@ class BlsCall:
         return self._answer(self)
 
 
-def fake_pb(faults: Faults | None = None,
-            answer: Callable[[BlsCall], Iterable[EntryResponse]] = lambda call: iter(())) -> SimpleNamespace:
+@final
+class FakeResponse(triton_api.InferenceResponse):
+    """pb_utils.InferenceResponse: what a model answers, as it was built."""
+
+    def __init__(self, output_tensors: list[triton_api.Tensor] | None = None,
+                 error: triton_api.TritonError | None = None) -> None:
+        self.output_tensors, self.error = output_tensors, error
+
+
+@final
+class FakePbUtils(triton_api.PbUtils):
     """The module as the glue sees it. ``answer``: how BLS calls are answered; they are recorded in
-    the returned namespace's ``bls_calls``."""
-    faults = faults or Faults()
-    calls: list[BlsCall] = []
+    ``bls_calls``."""
 
-    def get_input_tensor_by_name(request: FakeRequest, name: str) -> FakeTensor | None:
-        faults.step(f"get_input_tensor_by_name({name})")
-        return request.inputs.get(name)
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
+    TritonError = TritonError
+    Tensor = Tensor
+    InferenceResponse = FakeResponse
 
-    return SimpleNamespace(
-        TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL, TritonError=TritonError, Tensor=Tensor,
-        InferenceResponse=lambda output_tensors=None, error=None: SimpleNamespace(error=error,
-                                                                                  output_tensors=output_tensors),
-        get_input_tensor_by_name=get_input_tensor_by_name, bls_calls=calls,
-        InferenceRequest=lambda **kwargs: BlsCall(calls, answer, **kwargs))
+    def __init__(self, faults: Faults | None = None,
+                 answer: Callable[[BlsCall], Iterable[EntryResponse]] = lambda call: iter(())) -> None:
+        self.faults, self.answer = faults or Faults(), answer
+        self.bls_calls: list[BlsCall] = []
+
+    def get_input_tensor_by_name(self, request: triton_api.InferenceRequest, name: str, /) -> FakeTensor | None:
+        assert isinstance(request, FakeRequest), "the glue reads only the requests Triton (here: the test) gave it"
+        self.faults.step(f"get_input_tensor_by_name({name})")
+        return request.inputs_by_name.get(name)
+
+    def InferenceRequest(self, *, model_name: str, inputs: list[triton_api.Tensor], requested_output_names: list[str],
+                         parameters: Mapping[str, str]) -> BlsCall:
+        return BlsCall(self.bls_calls, self.answer, model_name=model_name, inputs=inputs,
+                       requested_output_names=requested_output_names, parameters=parameters)
+
+
+def fake_pb(faults: Faults | None = None,
+            answer: Callable[[BlsCall], Iterable[EntryResponse]] = lambda call: iter(())) -> FakePbUtils:
+    """The module as the glue sees it (``FakePbUtils``)."""
+    return FakePbUtils(faults, answer)
 
 
 def error_of(response: Any) -> tuple[str, str] | None:

@@ -37,7 +37,8 @@ def adapter_run(engine: Any, prompts: list[list[int]], tokens: int) -> tuple[flo
     ids = list(range(len(prompts)))
     for i in ids:
         engine.add_sequence(i)
-    feeds, out, fetch, elapsed = dict(zip(ids, prompts)), [[] for _ in ids], 0.0, 0.0
+    feeds, fetch, elapsed = dict(zip(ids, prompts)), 0.0, 0.0
+    out: list[list[int]] = [[] for _ in ids]
     for _ in range(tokens):
         start = time.perf_counter()
         result = engine.step([StepRow(i, feed) for i, feed in feeds.items()])

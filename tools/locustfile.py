@@ -58,7 +58,8 @@ class StreamingUser(User):
                                seed=self.rng.randrange(2**32))
         start = time.perf_counter()
         self.stream.send(arrays, MODEL)
-        last, tokens, finish, error = start, 0, "", None
+        last, tokens, finish = start, 0, ""
+        error: Exception | None = None
         try:
             for reply in self.stream.replies(RESPONSE_TIMEOUT_S):
                 if not reply.outputs:

@@ -2,7 +2,8 @@
 
 Inputs come from flags or a YAML/JSON file (keys P, C, L_ms, delta_ms, N, B; flags override), or
 ``--paper`` for the TokenRouter paper's example (R2R, Qwen3-0.6B/32B on A100). Latencies are in
-milliseconds here; an L entry may be a list, one latency per batch size 1..N.
+milliseconds here; an L entry may be a list, one latency per batch size 1..N, or grow by a slope per
+row (``L_slope_ms``). ``--pools BUDGET`` sizes pools of workers instead (``throughput_pools.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import yaml
 
 from tokenrouter.throughput import best_thresholds, predict
 from tokenrouter.throughput.montecarlo import simulate
+
+from .throughput_pools import report_pools
 
 PAPER: dict[str, Any] = {"P": [[0.65, 0.35], [1.0, 0.0]], "C": [[1, 0], [1, 0]], "L_ms": [6.0, 27.9],
                          "delta_ms": 0.1, "N": [2, 3, 4]}
@@ -36,6 +39,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--P", type=_matrix, help="routing probabilities, rows ';'-separated: '0.65,0.35;1,0'")
     parser.add_argument("--C", type=_matrix, help="committed tokens per transition, same layout as --P")
     parser.add_argument("--L-ms", dest="L_ms", type=float, nargs="+", help="step latency per model (ms)")
+    parser.add_argument("--L-slope-ms", dest="L_slope_ms", type=float, nargs="+",
+                        help="per model, ms added to its step per row past the first: L(b) = L + slope * (b - 1)")
     parser.add_argument("--delta-ms", dest="delta_ms", type=float, help="time grid (ms); must divide every latency")
     parser.add_argument("--N", type=int, nargs="+", help="concurrent requests (one or more)")
     parser.add_argument("--B", type=int, nargs="+", help="predict only these thresholds instead of searching")
@@ -49,6 +54,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-chain", dest="chain", action="store_false",
                         help="with --monte-carlo and --B: only the simulation (the chain is too large past "
                              "N of about 16; e.g. N = 64)")
+    parser.add_argument("--pools", type=int, metavar="BUDGET",
+                        help="size pools instead: simulated throughput of every split of BUDGET workers over the "
+                             "models (requests pinned to one instance of each), and the best; thresholds from --B "
+                             "(default 1 each), completions from --monte-carlo (default 40000)")
+    parser.add_argument("--search-B", dest="search_B", type=int, default=0, metavar="MAX",
+                        help="with --pools: each split runs its best thresholds in 1..MAX per model (MAX^M "
+                             "simulations per split) instead of --B")
+    parser.add_argument("--pairs-chain", dest="pairs_chain", action="store_true",
+                        help="with --pools: also solve the chain (needs delta) for splits with as many workers per "
+                             "model, which are independent pairs (minutes past about 12 requests per pair)")
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
@@ -58,22 +73,36 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(loaded, dict):
             raise ValueError(f"{args.file}: expected a mapping with P, C, L_ms, delta_ms, N")
         values.update(loaded)
-    values.update({key: getattr(args, key) for key in ("P", "C", "L_ms", "delta_ms", "N", "B")
+    values.update({key: getattr(args, key) for key in ("P", "C", "L_ms", "L_slope_ms", "delta_ms", "N", "B")
                    if getattr(args, key) is not None})
     if not args.chain and not (args.monte_carlo and values.get("B")):
         raise ValueError("--no-chain needs --monte-carlo and --B (one B to simulate)")
-    missing = [key for key in ("P", "C", "L_ms", "delta_ms", "N") if key not in values]
+    simulated_only = args.pools is not None and not args.pairs_chain  # the simulation needs no grid
+    required = ("P", "C", "L_ms", "N") if simulated_only else ("P", "C", "L_ms", "delta_ms", "N")
+    missing = [key for key in required if key not in values]
     if missing:
         raise ValueError(f"missing {', '.join(missing)}: give --paper, --file or the flags")
     values["N"] = [values["N"]] if isinstance(values["N"], int) else list(values["N"])
-    values["L"] = [[x / 1e3 for x in entry] if isinstance(entry, list) else entry / 1e3 for entry in values["L_ms"]]
-    values["delta"] = values["delta_ms"] / 1e3
+    values["L"] = _latencies(values["L_ms"], values.get("L_slope_ms"), max(values["N"]))
+    values["delta"] = values["delta_ms"] / 1e3 if "delta_ms" in values else None
     return values
+
+
+def _latencies(L_ms: list, slopes_ms: list[float] | None, N: int) -> list:
+    """Seconds per model: a number, or one per batch size 1..N (a list given, or a slope per row)."""
+    if slopes_ms is None:
+        return [[x / 1e3 for x in entry] if isinstance(entry, list) else entry / 1e3 for entry in L_ms]
+    if len(slopes_ms) != len(L_ms) or any(isinstance(entry, list) for entry in L_ms):
+        raise ValueError(f"L_slope_ms needs one slope per model ({len(L_ms)}) and one number per model in L_ms")
+    return [[(base + slope * b) / 1e3 for b in range(N)] for base, slope in zip(L_ms, slopes_ms)]
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         values = _inputs(args)
+        if args.pools is not None:
+            report_pools(values, args)
+            return 0
         print(f"P = {values['P']}\nC = {values['C']}\nL = {values['L_ms']} ms, delta = {values['delta_ms']} ms"
               + (f", handoff = {args.handoff_ms:g} ms" if args.handoff_ms else ""))
         for n in values["N"]:

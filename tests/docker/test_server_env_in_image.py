@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter.launch.triton_server import TritonInstall, server_env
+from tokenrouter.launch.triton_install import TritonInstall, server_env
 
 COMPAT = "/usr/local/cuda/compat/lib.real"  # where the entrypoint puts CUDA forward compatibility
 

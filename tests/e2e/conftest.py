@@ -12,7 +12,8 @@ from tokenrouter.config import FrontendSpec
 from tokenrouter.serving.repository import (CORE_MODEL, model_parameters, render_frontend, subserver_config,
                                            write_core_model, write_front, write_model)
 from tokenrouter.launch.openai_process import OpenAIServer, free_port
-from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
+from tokenrouter.launch.triton_install import build_backend_dir, find_triton
+from tokenrouter.launch.triton_server import Ports, TritonServer
 
 ECHO_DOUBLE = Path(__file__).with_name("echo_subserver_double.py")
 StartServer = Callable[..., TritonServer]
@@ -27,7 +28,7 @@ def tiny_tokenizer(tiny_pair: dict[str, Path]) -> Path:
 @pytest.fixture(scope="session")
 def backend_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # python_router is placed only when its model.py exists: the echo repository does not need it
-    from tokenrouter.launch.triton_server import BACKEND_MODEL_FILE
+    from tokenrouter.launch.triton_install import BACKEND_MODEL_FILE
 
     model_file = BACKEND_MODEL_FILE if BACKEND_MODEL_FILE.is_file() else None
     return build_backend_dir(find_triton(), tmp_path_factory.mktemp("backends") / "backends", model_file)

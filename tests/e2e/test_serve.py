@@ -14,7 +14,8 @@ import pytest
 
 from tokenrouter.client import http_generate
 from tokenrouter.launch.openai_process import free_port
-from tokenrouter.launch.triton_server import Ports, process_alive
+from tokenrouter.launch.processes import process_alive
+from tokenrouter.launch.triton_server import Ports
 from tokenrouter.openai_server.app import API_KEY_ENV
 from tokenrouter.procfs import proc_stat
 

@@ -22,7 +22,8 @@ from tritonclient.utils import InferenceServerException
 from tokenrouter import TokenRouter
 from tokenrouter.client import GrpcStream, inputs
 from tokenrouter.config import TokenRouterConfig, load_config
-from tokenrouter.launch.triton_server import Ports, TritonServer, find_triton
+from tokenrouter.launch.triton_install import find_triton
+from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, PAIR_SECRET_FILE_ENV, PAIR_SECRET_PARAMETER
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.serving.schema import PEER_INPUT

@@ -82,6 +82,18 @@ def test_greedy_tokens_equal_the_embedded_api_and_the_last_chunk_carries_the_end
     assert last["engine_data"]["large_model_share"] == pytest.approx(expected.large_model_share)
 
 
+def test_responses_are_paced_by_the_live_streams_share_of_the_budget(engine, monkeypatch):
+    """One stream with a budget of 0.05 responses/s is paced 20 s apart: its first token leaves alone
+    and the rest (ending included) at once in one more response, the same tokens as unpaced."""
+    unpaced = collect(engine, request(12, stops={"ignore_eos": True}))
+    monkeypatch.setattr(engine.router.config.scheduling, "max_responses_per_s", 0.05)
+    started = time.monotonic()
+    paced = collect(engine, request(12, stops={"ignore_eos": True}))
+    assert time.monotonic() - started < 10  # the ending was not held for the pace
+    assert [t for c in paced for t in c["token_ids"]] == [t for c in unpaced for t in c["token_ids"]]
+    assert len(paced) <= 2 and paced[-1]["finish_reason"] == "length"
+
+
 def test_sampling_fields_reach_the_pair(engine, config):
     sampled = {"temperature": 1.0, "top_k": 20, "top_p": 0.9, "seed": 7, "repetition_penalty": 1.1,
                "presence_penalty": 0.2, "frequency_penalty": 0.1}

@@ -1,4 +1,4 @@
-"""The launcher's drain (launch/triton_server.py, TritonServer.drain), without Triton: it is over only
+"""The launcher's drain (launch/server_control.py, ServerControl.drain), without Triton: it is over only
 when every front answered its drain call with "none in flight" and the entry held no request for
 IDLE_S; a call that fails, is refused or stalls says nothing, so the drain goes on to its deadline
 and reports False (the caller then ends the requests with the shutdown message). It once took an
@@ -10,12 +10,11 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from tokenrouter.launch import triton_server
-from tokenrouter.launch.triton_server import IDLE_S, Ports, TritonInstall, TritonServer
+from tokenrouter.launch import server_control
+from tokenrouter.launch.server_control import IDLE_S, ServerControl
 
 FRONTS = ["tokenrouter", "ensemble"]
 
@@ -38,12 +37,12 @@ class Calls:
         return self.held.pop(0) if len(self.held) > 1 else self.held[0]
 
 
-def server(monkeypatch: pytest.MonkeyPatch, calls: Calls) -> TritonServer:
-    server = TritonServer(Path("."), Path("."), TritonInstall(Path("tritonserver"), Path(".")), Ports.free())
-    monkeypatch.setattr(server, "_control", calls.control)
-    monkeypatch.setattr(server, "requests_held", calls.requests_held)
-    monkeypatch.setattr(triton_server, "DRAIN_POLL_S", 0.01)
-    return server
+def server(monkeypatch: pytest.MonkeyPatch, calls: Calls) -> ServerControl:
+    control = ServerControl("127.0.0.1:1", "127.0.0.1:1", "s" * 43)
+    monkeypatch.setattr(control, "call", calls.control)
+    monkeypatch.setattr(control, "requests_held", calls.requests_held)
+    monkeypatch.setattr(server_control, "DRAIN_POLL_S", 0.01)
+    return control
 
 
 def timed(drain) -> tuple[bool, float]:
@@ -108,12 +107,10 @@ def silent_port():
 def test_against_a_stalled_server_the_calls_give_up_in_time_and_say_nothing(monkeypatch, silent_port) -> None:
     """The real control call and metrics read, to a server that never answers: each returns its
     "nothing known" within the call timeout, so a drain against it runs to its deadline and no longer."""
-    monkeypatch.setattr(triton_server, "CALL_TIMEOUT_S", 0.5)
-    server = TritonServer(Path("."), Path("."), TritonInstall(Path("tritonserver"), Path(".")),
-                          Ports(silent_port, silent_port, silent_port), host="127.0.0.1")
-    server.peer_secret = "s" * 43
+    monkeypatch.setattr(server_control, "CALL_TIMEOUT_S", 0.5)
+    server = ServerControl(f"127.0.0.1:{silent_port}", f"127.0.0.1:{silent_port}", "s" * 43)
     assert timed(lambda: server.requests_held("slm")) [0] is None
-    taken, took = timed(lambda: server._control("tokenrouter", "drain", "why"))
+    taken, took = timed(lambda: server.call("tokenrouter", "drain", "why"))
     assert taken is False and took < 3.0
     drained, took = timed(lambda: server.drain(FRONTS, 1.0, "slm"))
     assert not drained and 1.0 <= took < 4.0

@@ -20,7 +20,8 @@ import pytest
 from test_start_retry import STAND_IN
 
 from e2e.test_serve import _descendants
-from tokenrouter.launch.triton_server import MODEL_CONTROL, Ports, TritonInstall, TritonServer
+from tokenrouter.launch.triton_install import TritonInstall
+from tokenrouter.launch.triton_server import MODEL_CONTROL, Ports, TritonServer
 from tokenrouter.openai_server.app import API_KEY_ENV
 from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, PAIR_SECRET_FILE_ENV
 from tokenrouter.serving.peer_auth import secret_path

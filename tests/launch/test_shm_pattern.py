@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenrouter.launch.triton_server import SHM_DIR, SHM_PATTERN
+from tokenrouter.launch.shared_memory import SHM_DIR, SHM_PATTERN
 
 
 def test_the_cleanup_pattern_matches_both_backends_regions_and_nothing_else() -> None:

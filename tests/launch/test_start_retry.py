@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter.launch.triton_server import (START_ATTEMPTS, Ports, StartAborted, TritonError, TritonInstall,
-                                            TritonServer, process_alive)
+from tokenrouter.launch.errors import StartAborted, TritonError
+from tokenrouter.launch.processes import process_alive
+from tokenrouter.launch.triton_install import TritonInstall
+from tokenrouter.launch.triton_server import START_ATTEMPTS, Ports, TritonServer
 
 STAND_IN = '''#!{python}
 import http.server, os, signal, subprocess, sys, time

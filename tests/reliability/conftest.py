@@ -13,7 +13,8 @@ import pytest
 from e2e.conftest import add_unary_core, add_unary_front, backend_dir  # noqa: F401 - the e2e suite's backend folder
 from e2e.test_routing_server import routing_config
 from tokenrouter.serving.repository import render_repository
-from tokenrouter.launch.triton_server import Ports, TritonServer, find_triton
+from tokenrouter.launch.triton_install import find_triton
+from tokenrouter.launch.triton_server import Ports, TritonServer
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from tritonclient.utils import InferenceServerException
 from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from e2e.test_routing_server import MAX_MODEL_LEN, PROMPTS
 from tokenrouter.serving.text.input_limits import BYTES_PER_TOKEN_BOUND
-from tokenrouter.launch.triton_server import stub_pids
+from tokenrouter.launch.processes import stub_pids
 
 
 def _rss_mb(pid: int) -> float:

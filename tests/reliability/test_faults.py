@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 from tokenrouter.client import grpc_stream, http_generate, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _launch, triton_pid
-from tokenrouter.launch.triton_server import stub_pids
+from tokenrouter.launch.processes import stub_pids
 from tokenrouter.procfs import proc_stat
 
 RECOVERY_S = 240.0  # a fresh start of the tiny pair takes 20-60 s on this shared 2-core machine; the target is 30 s

@@ -22,7 +22,7 @@ from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from tokenrouter.protocol import PeerMessage, RequestSpec, encode_batch
 from tokenrouter.serving.peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REQUEST_KEY_PARAMETER,
                                            SECRET_PARAMETER, new_request_key)
-from tokenrouter.launch.triton_server import stub_pids
+from tokenrouter.launch.processes import stub_pids
 
 
 def _direct_stream(url: str, model: str, arrays: dict, parameters: dict | None = None) -> None:

@@ -20,7 +20,9 @@ from tritonclient.utils import InferenceServerException
 
 from e2e.test_routing_server import PROMPTS, stream_ids
 from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
-from tokenrouter.launch.triton_server import MODEL_CONTROL, Ports, shm_regions_of, stub_pids
+from tokenrouter.launch.processes import stub_pids
+from tokenrouter.launch.shared_memory import shm_regions_of
+from tokenrouter.launch.triton_server import MODEL_CONTROL, Ports
 
 PROBE = "uploaded_probe"
 PROBE_CONFIG = json.dumps({

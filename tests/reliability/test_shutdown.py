@@ -17,8 +17,9 @@ from tritonclient.utils import InferenceServerException
 from tokenrouter.client import GrpcStream, grpc_stream, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _descendants, _launch, wait_stopped
-from tokenrouter.launch.triton_server import (SHM_DIR, SHM_PATTERN, Ports, TritonInstall, TritonServer,
-                                            shm_regions_of)
+from tokenrouter.launch.shared_memory import SHM_DIR, SHM_PATTERN, shm_regions_of
+from tokenrouter.launch.triton_install import TritonInstall
+from tokenrouter.launch.triton_server import Ports, TritonServer
 
 STREAMS = 16
 MAX_TOKENS = 200  # with min_tokens as long: no stream of the first wave ends within the 1 s before SIGTERM
@@ -40,7 +41,7 @@ def _wait_until_held(ports: Ports, count: int, timeout_s: float = 60.0) -> None:
     """Until the entry subserver holds ``count`` requests (its metrics), as the launcher's drain reads them."""
     reader = TritonServer(Path("."), Path("."), TritonInstall(Path("tritonserver"), Path(".")), ports, host="127.0.0.1")
     deadline = time.monotonic() + timeout_s
-    while (reader.requests_held("slm") or 0) < count:
+    while (reader.control.requests_held("slm") or 0) < count:
         assert time.monotonic() < deadline, f"fewer than {count} requests reached the entry"
         time.sleep(0.1)
 

@@ -18,7 +18,7 @@ from tokenrouter.client import GrpcStream, grpc_stream, inputs
 from e2e.test_routing_server import PROMPTS
 from e2e.test_serve import _launch, triton_pid
 from reliability.test_bounded_work import _rss_mb
-from tokenrouter.launch.triton_server import stub_pids
+from tokenrouter.launch.processes import stub_pids
 
 USERS = 16
 WARM_UP_S = 60.0

@@ -22,7 +22,8 @@ from e2e.conftest import render_echo_repository
 from e2e.test_serve import _launch, triton_pid
 from tokenrouter.client import http_generate
 from tokenrouter.launch.supervisor import BACKOFF_MAX_S, FREE_RESTARTS
-from tokenrouter.launch.triton_server import process_alive, shm_regions_of, stub_pids
+from tokenrouter.launch.processes import process_alive, stub_pids
+from tokenrouter.launch.shared_memory import shm_regions_of
 
 RESTARTS = FREE_RESTARTS + 1  # past the 5 after which the launcher used to exit ("giving up")
 RESTART_S = 120.0  # an echo server starts in seconds; a loaded 2-core machine takes longer

@@ -45,6 +45,21 @@ def test_stream_chunks_add_up_to_generate(engine):
     assert chunks[-1].finish_reason == whole.finish_reason and all(c.finish_reason is None for c in chunks[:-1])
 
 
+def test_paced_stream_merges_tokens_and_never_holds_the_last_chunk(engine):
+    """A pace far longer than the request: the first chunk leaves at once, everything after it in
+    one last chunk as soon as the request ends (a held end would take the whole pace), no text."""
+    async def collect():
+        stream = engine.stream("import os\n", max_tokens=16, seed=3, pace=lambda: 60.0, text=False)
+        return [chunk async for chunk in stream]
+
+    chunks = asyncio.run(asyncio.wait_for(collect(), timeout=20))
+    whole = engine.generate("import os\n", max_tokens=16, seed=3)[0]
+    assert [t for c in chunks for t in c.token_ids] == whole.token_ids
+    assert [m for c in chunks for m in c.models] == whole.models
+    assert len(chunks) <= 2 < len(whole.token_ids)
+    assert chunks[-1].finish_reason == whole.finish_reason and all(c.text is None for c in chunks)
+
+
 def test_sampling_is_reproducible_per_seed(engine):
     first = engine.generate(["x = 1"] * 2, max_tokens=12, temperature=0.9, top_p=0.9, seed=[5, 6])
     again = engine.generate(["x = 1"] * 2, max_tokens=12, temperature=0.9, top_p=0.9, seed=[5, 6])

@@ -158,7 +158,8 @@ def measure(channel, receiver_cpu: Callable[[], float], size: int, batches: int,
 
 
 def run_triton(sizes: list[int], batches: int, rate: float) -> list[dict]:
-    from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
+    from tokenrouter.launch.triton_install import build_backend_dir, find_triton
+    from tokenrouter.launch.triton_server import Ports, TritonServer
 
     install = find_triton()
     with tempfile.TemporaryDirectory(prefix="peer-channel-") as tmp:
@@ -169,7 +170,7 @@ def run_triton(sizes: list[int], batches: int, rate: float) -> list[dict]:
                               Ports.free(), host="127.0.0.1", exit_timeout_s=5).start_ready(300)
         try:
             channel = TritonChannel(server.grpc_url)
-            rows = [measure(channel, lambda: group_cpu_seconds(server.process.pid), size, batches, rate)
+            rows = [measure(channel, lambda: group_cpu_seconds(server.running.pid), size, batches, rate)
                     for size in sizes]
             channel.close()
             return rows

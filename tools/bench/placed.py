@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from tokenrouter.config import TokenRouterConfig, load_config
-from tokenrouter.launch.triton_server import Ports, TritonInstall, TritonServer
+from tokenrouter.launch.triton_install import TritonInstall
+from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, PAIR_SECRET_FILE_ENV
 from tokenrouter.serving.repository import render_repository
 
@@ -80,7 +81,7 @@ class LoopbackNodes:
     def kill(self, name: str) -> float:
         """SIGKILL the node's server and its stubs, as a crash would; returns when (monotonic)."""
         server = self.servers.pop(name)
-        os.killpg(server.process.pid, signal.SIGKILL)
+        os.killpg(server.running.pid, signal.SIGKILL)
         killed = time.monotonic()
         server.stop()  # reaps it and removes its shared memory
         return killed

@@ -24,7 +24,8 @@ from typing import Callable, Iterator, Sequence
 from tokenrouter import client
 from tokenrouter.config import ModelSpec, TokenRouterConfig
 from tokenrouter.engine.process_engine import EngineProcess
-from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
+from tokenrouter.launch.triton_install import build_backend_dir, find_triton
+from tokenrouter.launch.triton_server import Ports, TritonServer, write_lines
 from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.serving.repository import render_repository
 
@@ -72,7 +73,7 @@ def served_tokenrouter(config: TokenRouterConfig, clients: int, log_path: Path |
         repository = render_repository(config, Path(tmp) / "repository")
         log = (log_path or Path(tmp) / "server.log").open("w")
         server = TritonServer(repository, build_backend_dir(install, Path(tmp) / "backends"), install, Ports.free(),
-                              host="127.0.0.1", log_sink=lambda line: (log.write(line + "\n"), log.flush()),
+                              host="127.0.0.1", log_sink=write_lines(log),
                               exit_timeout_s=5)
         try:
             server = server.start_ready(SERVER_READY_S)

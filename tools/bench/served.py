@@ -24,7 +24,8 @@ from tokenrouter.config import TokenRouterConfig
 from tokenrouter.engine.base import Engine
 from tokenrouter.engine.factory import create_engine
 from tokenrouter.launch.openai_process import OpenAIServer, free_port
-from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
+from tokenrouter.launch.triton_install import build_backend_dir, find_triton
+from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.runtime.api import TokenRouter
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec
@@ -164,9 +165,9 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
         if system == DYNAMO:
             return {**seconds, **{f"fleet: {name}": s for name, s in fleet.cpu_seconds().items()}}
         for where, triton in servers(system).items():
-            seconds.update({f"{where}: {name}": s for name, s in group_cpu_by_process(triton.process.pid).items()})
+            seconds.update({f"{where}: {name}": s for name, s in group_cpu_by_process(triton.running.pid).items()})
         if api.alive() and system not in placed:
-            seconds[f"server: {OPENAI_SERVER}"] = sum(group_cpu_by_process(api.process.pid).values())
+            seconds[f"server: {OPENAI_SERVER}"] = sum(group_cpu_by_process(api.running.pid).values())
         return seconds
 
     def scrape(system: str) -> dict[str, prometheus.Samples]:

@@ -48,7 +48,7 @@ def node_models(config: TokenRouterConfig, only: Sequence[str] | None) -> list[s
     if not placed:
         raise ConfigError("--only needs a config whose models say where they run (models.<name>.server: HOST:PORT); "
                           "without one every model runs in this server")
-    addresses = {config.models[name].server for name in only}
+    addresses = {address for address, names in placed.items() if set(names) & set(only)}  # every model is placed
     if len(addresses) > 1:
         raise ConfigError(f"--only {', '.join(only)}: these models run on different servers "
                           f"({', '.join(sorted(addresses))}); serve each node on its own")

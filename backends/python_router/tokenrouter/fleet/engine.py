@@ -132,7 +132,9 @@ class TokenRouterEngine(LLMEngine):
                                     large_model_share(origins, names.index(self.router.config.entry))}}
 
         try:
-            async for chunk in self.router.stream(mapped.prompt, **mapped.keywords):
+            # Dynamo's frontend detokenizes: no text here. Paced: each response costs this process's event
+            # loop, Dynamo's request plane and the frontend the same however many tokens it carries.
+            async for chunk in self.router.stream(mapped.prompt, pace=self._pace, text=False, **mapped.keywords):
                 origins.update(names.index(model) for model in chunk.models)
                 models.extend(chunk.models)
                 out: GenerateChunk = {"token_ids": chunk.token_ids, "index": 0,
@@ -155,6 +157,11 @@ class TokenRouterEngine(LLMEngine):
             await queue.put(RuntimeError(f"the replica is busy: {exc}"))
         except Exception as exc:  # noqa: BLE001  (handed to generate, which raises it to Dynamo)
             await queue.put(exc)
+
+    def _pace(self) -> float:
+        """Seconds between a stream's responses: the live streams share ``scheduling.max_responses_per_s``,
+        as the served entry's do (with few streams this is below a step, and every token leaves alone)."""
+        return len(self._running) / self.router.config.scheduling.max_responses_per_s
 
     async def abort(self, context: Context) -> None:
         task = self._running.pop(context.id(), None)

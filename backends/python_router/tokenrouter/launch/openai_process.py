@@ -25,7 +25,8 @@ from typing import Callable
 from ..openai_server.app import API_KEY_ENV, API_KEY_FILE_ENV
 from ..serving.peer_auth import private_folder, write_private_file
 
-from .triton_server import TritonError, _die_with_parent
+from .errors import TritonError
+from .processes import die_with_parent, started
 
 DEFAULT_PORT = 9000
 
@@ -51,6 +52,11 @@ class OpenAIServer:
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=40), init=False)
 
     @property
+    def running(self) -> subprocess.Popen[str]:
+        """The process of this start (start() first)."""
+        return started(self.process, "the OpenAI server")
+
+    @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
@@ -67,7 +73,7 @@ class OpenAIServer:
                                                 self.api_key)
         self.process = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+                                        preexec_fn=die_with_parent)
         threading.Thread(target=self._read_log, name="openai-server-log", daemon=True).start()
         return self
 
@@ -106,7 +112,7 @@ class OpenAIServer:
     def signal_stop(self) -> None:
         """SIGTERM: stop taking connections, let those in flight finish (up to the drain timeout)."""
         if self.alive():
-            self.process.send_signal(signal.SIGTERM)
+            self.running.send_signal(signal.SIGTERM)
 
     def stop(self, grace_s: float | None = None) -> int | None:
         """SIGTERM, then SIGKILL after ``grace_s`` (default: the drain timeout and 5 s)."""

@@ -4,7 +4,7 @@ Beside Triton it starts the OpenAI-compatible server (tokenrouter.openai_server,
 --no-openai: not). While it runs, a dead tritonserver, Python stub or OpenAI server is restarted
 (supervisor.py); SIGTERM/Ctrl-C refuses new requests and drains those in flight (--drain-timeout),
 on both servers, before stopping. SIGHUP applies edits of the repository's config.pbtxt files: the
-same drain, then tritonserver starts again (no client can load or unload a model: triton_server.py).
+same drain, then tritonserver starts again (no client can load or unload a model: triton_server.py, MODEL_CONTROL).
 
     tokenrouter serve                         the real Qwen2.5-Coder pair (fetched and converted once)
     tokenrouter serve --tiny                  a tiny random pair, ready in seconds
@@ -21,21 +21,23 @@ import os
 import shutil
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 from tokenrouter.config import ConfigError, TokenRouterConfig, load_config
 from tokenrouter.serving.pair_secret import PairSecretError, pair_secret
 from tokenrouter.serving.repository import CORE_MODEL, read_repository, render_repository, served_models
 
-from .openai_process import DEFAULT_PORT as OPENAI_PORT
 from tokenrouter.openai_server.app import API_KEY_ENV, API_KEY_FILE_ENV, read_api_key
 
+from .errors import TritonError
+from .openai_process import DEFAULT_PORT as OPENAI_PORT
 from .openai_process import OpenAIServer
 from .paths import model_repository_dir, runtime_dir, shipped_config
 from .supervisor import Supervisor
-from .triton_server import (
-    BACKEND_MODEL_FILE, Ports, TritonError, TritonServer, build_backend_dir, find_triton, write_lines,
-)
+from .triton_install import BACKEND_MODEL_FILE, build_backend_dir, find_triton
+from .triton_server import Ports, TritonServer, write_lines
 
 RUNTIME = runtime_dir()
 DEFAULT_REPOSITORY = model_repository_dir()
@@ -170,95 +172,145 @@ def _ignore_stop_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+@dataclass
+class _Launch:
+    """What one `tokenrouter serve` runs: tritonserver, the OpenAI server beside it, and the models that
+    a drain or an ending tells. ``server`` and ``api`` are the ones running now (a restart replaces them)."""
+
+    args: argparse.Namespace
+    repository: Path
+    server: TritonServer
+    api: OpenAIServer | None
+    entry: str | None
+    fronts: list[str]
+
+    @property
+    def doors(self) -> list[str]:
+        """The models clients call: the fronts and TensorRT-LLM's core model; a drain or an ending tells each."""
+        return [*self.fronts, CORE_MODEL] if self.fronts else []
+
+
+def _refuse_key_on_command_line() -> int:
+    print(f"tokenrouter serve: --api-key puts the key on the command line, which every local user can read "
+          f"(/proc/<pid>/cmdline); put it in a file only you can read and pass --api-key-file PATH (or set "
+          f"{API_KEY_FILE_ENV})", file=sys.stderr)
+    return 2
+
+
+def _prepare(args: argparse.Namespace) -> _Launch:
+    """The repository, the Triton installation and its backend folder, and the servers to start (none
+    started yet). Raises what a bad config, a missing Triton or a missing pair secret raise."""
+    api_key = read_api_key(args.api_key_file)
+    repository = prepare_repository(args)
+    install = find_triton()
+    model_file = BACKEND_MODEL_FILE if BACKEND_MODEL_FILE.is_file() else None
+    if model_file is None:
+        print(f"tokenrouter serve: warning: {BACKEND_MODEL_FILE} is missing; python_router models cannot load",
+              file=sys.stderr)
+    _remove_stale_runtime_dirs()
+    backend_dir = build_backend_dir(install, RUNTIME / f"serve-{os.getpid()}" / "backends", model_file)
+    if _needs_pair_secret(repository):
+        pair_secret()  # here, not in a stub's load: the message says how to give it (start() moves it)
+    server = TritonServer(repository, backend_dir, install, Ports(args.http_port, args.grpc_port, args.metrics_port),
+                          host=args.host, log_sink=write_lines(sys.stderr), extra_args=tuple(args.triton_arg),
+                          exit_timeout_s=EXIT_TIMEOUT_S)
+    entry, fronts = _served_models(repository)  # read once: the ready line, the supervisor and the drain
+    # an OpenAI API needs TokenRouter's fronts; it drains a little longer than Triton, whose errors it relays
+    api = None if args.no_openai or not fronts else OpenAIServer(
+        repository, server.grpc_url, host=args.host, port=args.openai_port, api_key=api_key,
+        drain_timeout_s=args.drain_timeout + ENDING_GRACE_S, log_sink=write_lines(sys.stderr))
+    return _Launch(args, repository, server, api, entry, fronts)
+
+
+def _announce(line: str) -> None:
+    print(f"tokenrouter serve: {line}", file=sys.stderr)
+
+
+def _start(launch: _Launch) -> None:
+    """Both servers started and ready; what to call them at said."""
+    args, fronts = launch.args, launch.fronts
+    _announce(f"{launch.server.install.binary} with {launch.repository}")
+    launch.server = launch.server.start_ready(args.ready_timeout, say=_announce)
+    front = fronts[0] if fronts else "<model>"
+    if launch.api is not None:
+        launch.api.start().wait_ready(args.ready_timeout)
+    _announce(f"ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{front}/generate, generate_stream), "
+              f"gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. Ctrl-C stops.")
+    if launch.api is not None:
+        _announce(f"OpenAI API: {launch.api.url}/v1 (models {', '.join(fronts)}; "
+                  f"{'Authorization: Bearer <key> required' if launch.api.api_key else 'no API key'})")
+    _announce(f"to apply an edit of a config.pbtxt: kill -HUP {os.getpid()} (drains, then restarts tritonserver)")
+    _announce(f"started in {launch.server.start_times.summary()}")
+    if _needs_pair_secret(launch.repository):
+        _announce(f"this node runs {', '.join(served_models(launch.repository))} of a deployment over several "
+                  f"servers; it is whole while tokenrouter_peer_connected is 1 for every peer (metrics port)")
+
+
+def _supervise(launch: _Launch, previous: dict[signal.Signals, Any]) -> NoReturn:
+    """Watch both servers and restart what dies, and reload on SIGHUP, until a stop signal."""
+    supervisor = Supervisor(launch.server, launch.entry, launch.doors, launch.args.ready_timeout, _announce,
+                            openai=launch.api, drain_timeout_s=launch.args.drain_timeout)
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda _signum, _frame: supervisor.request_reload())
+    try:
+        supervisor.run_forever()
+    finally:
+        launch.server, launch.api = supervisor.server, supervisor.openai  # the ones running now, for the drain
+
+
+def _drain(launch: _Launch, stop: _Stop) -> None:
+    """New requests refused, those in flight given the drain timeout; the rest ended with a reason."""
+    server, api, doors, entry = launch.server, launch.api, launch.doors, launch.entry
+    timeout_s = launch.args.drain_timeout
+    print(f"tokenrouter serve: {stop}: refusing new requests, draining those in flight "
+          f"(up to {timeout_s:g} s)", file=sys.stderr)
+    _ignore_stop_signals()
+    if api is not None:
+        api.signal_stop()  # takes no new connection; its requests in flight drain with Triton's
+    if not server.control.drain(doors, timeout_s, entry):
+        reason = f"the server is shutting down; the request did not finish within {timeout_s:g} s"
+        print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
+        for door in doors:  # their clients, also those whose request has not reached the entry
+            server.control.end_in_flight(door, reason, subserver=False)
+        if entry is not None:
+            server.control.end_in_flight(entry, reason)
+        server.control.drain(doors, ENDING_GRACE_S, entry)  # their errors reach the clients through the fronts
+    else:
+        print("tokenrouter serve: drained", file=sys.stderr)
+    if api is not None:
+        api.stop(grace_s=ENDING_GRACE_S)
+    print("tokenrouter serve: stopping tritonserver", file=sys.stderr)
+
+
+def _stop(launch: _Launch, previous: dict[signal.Signals, Any]) -> None:
+    """Both servers stopped, the signal handlers given back, the backend folder removed."""
+    _ignore_stop_signals()
+    if launch.api is not None:
+        launch.api.stop(grace_s=0.0)
+    launch.server.stop()
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    shutil.rmtree(launch.server.backend_dir.parent, ignore_errors=True)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.api_key is not None:
-        print(f"tokenrouter serve: --api-key puts the key on the command line, which every local user can read "
-              f"(/proc/<pid>/cmdline); put it in a file only you can read and pass --api-key-file PATH (or set "
-              f"{API_KEY_FILE_ENV})", file=sys.stderr)
-        return 2
+        return _refuse_key_on_command_line()
     try:
-        api_key = read_api_key(args.api_key_file)
-        repository = prepare_repository(args)
-        install = find_triton()
-        model_file = BACKEND_MODEL_FILE if BACKEND_MODEL_FILE.is_file() else None
-        if model_file is None:
-            print(f"tokenrouter serve: warning: {BACKEND_MODEL_FILE} is missing; python_router models cannot load",
-                  file=sys.stderr)
-        _remove_stale_runtime_dirs()
-        backend_dir = build_backend_dir(install, RUNTIME / f"serve-{os.getpid()}" / "backends", model_file)
-        if _needs_pair_secret(repository):
-            pair_secret()  # here, not in a stub's load: the message says how to give it (start() moves it)
+        launch = _prepare(args)
     except (ConfigError, TritonError, PairSecretError, ValueError) as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C while models are fetched or converted
         return 130
-    server = TritonServer(repository, backend_dir, install, Ports(args.http_port, args.grpc_port, args.metrics_port),
-                          host=args.host, log_sink=write_lines(sys.stderr), extra_args=tuple(args.triton_arg),
-                          exit_timeout_s=EXIT_TIMEOUT_S)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def announce(line: str) -> None:
-        print(f"tokenrouter serve: {line}", file=sys.stderr)
-
-    entry, fronts = _served_models(repository)  # read once: the ready line, the supervisor and the drain
-    # the models clients call: the fronts and TensorRT-LLM's core model; a drain or an ending tells each
-    doors = [*fronts, CORE_MODEL] if fronts else []
-    # an OpenAI API needs TokenRouter's fronts; it drains a little longer than Triton, whose errors it relays
-    api = None if args.no_openai or not fronts else OpenAIServer(
-        repository, server.grpc_url, host=args.host, port=args.openai_port, api_key=api_key,
-        drain_timeout_s=args.drain_timeout + ENDING_GRACE_S, log_sink=write_lines(sys.stderr))
     try:
-        announce(f"{install.binary} with {repository}")
-        server = server.start_ready(args.ready_timeout, say=announce)
-        front = fronts[0] if fronts else "<model>"
-        if api is not None:
-            api.start().wait_ready(args.ready_timeout)
-        announce(f"ready. HTTP {args.host}:{args.http_port} (POST /v2/models/{front}/generate, generate_stream), "
-                 f"gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}/metrics. Ctrl-C stops.")
-        if api is not None:
-            announce(f"OpenAI API: {api.url}/v1 (models {', '.join(fronts)}; "
-                     f"{'Authorization: Bearer <key> required' if api_key else 'no API key'})")
-        announce(f"to apply an edit of a config.pbtxt: kill -HUP {os.getpid()} (drains, then restarts tritonserver)")
-        announce(f"started in {server.start_times.summary()}")
-        if _needs_pair_secret(repository):
-            announce(f"this node runs {', '.join(served_models(repository))} of a deployment over several servers; "
-                     f"it is whole while tokenrouter_peer_connected is 1 for every peer (metrics port)")
-        supervisor = Supervisor(server, entry, doors, args.ready_timeout, announce, openai=api,
-                                drain_timeout_s=args.drain_timeout)
-        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda _signum, _frame: supervisor.request_reload())
-        try:
-            supervisor.run_forever()
-        finally:
-            server, api = supervisor.server, supervisor.openai  # the ones running now, for the drain and the stop
+        _start(launch)
+        _supervise(launch, previous)
     except _Stop as stop:
-        print(f"tokenrouter serve: {stop}: refusing new requests, draining those in flight "
-              f"(up to {args.drain_timeout:g} s)", file=sys.stderr)
-        _ignore_stop_signals()
-        if api is not None:
-            api.signal_stop()  # takes no new connection; its requests in flight drain with Triton's
-        if not server.drain(doors, args.drain_timeout, entry):
-            reason = f"the server is shutting down; the request did not finish within {args.drain_timeout:g} s"
-            print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
-            for door in doors:  # their clients, also those whose request has not reached the entry
-                server.end_in_flight(door, reason, subserver=False)
-            if entry is not None:
-                server.end_in_flight(entry, reason)
-            server.drain(doors, ENDING_GRACE_S, entry)  # their errors reach the clients through the fronts
-        else:
-            print("tokenrouter serve: drained", file=sys.stderr)
-        if api is not None:
-            api.stop(grace_s=ENDING_GRACE_S)
-        print("tokenrouter serve: stopping tritonserver", file=sys.stderr)
+        _drain(launch, stop)
         return 0
     except TritonError as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)
         return 1
     finally:
-        _ignore_stop_signals()
-        if api is not None:
-            api.stop(grace_s=0.0)
-        server.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        shutil.rmtree(backend_dir.parent, ignore_errors=True)
+        _stop(launch, previous)

@@ -9,7 +9,7 @@ clear error (through the entry model, when that one is still alive), makes the s
 ready (its shutdown begins) and restarts the whole server on the same ports.
 
 An operator's reload (a config edit to apply: SIGHUP to the launcher, serve.py) is a restart too,
-drained first: the fronts refuse new requests and those in flight finish (triton_server.py, drain).
+drained first: the fronts refuse new requests and those in flight finish (server_control.py, drain).
 
 It never gives up on a repository that served once: restarts that come too often (a crash loop)
 and restarts that fail are spaced by a growing delay, each one said in the log, and tried again.
@@ -21,11 +21,12 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, NoReturn
 
 from .exits import ProcessExits
 from .openai_process import OpenAIServer
-from .triton_server import TritonError, TritonServer
+from .errors import TritonError
+from .triton_server import TritonServer
 
 # what _watch names when that process died, or when an operator asked for a reload (no model has such a name)
 OPENAI_SERVER, TRITONSERVER, RELOAD = "<the OpenAI server>", "<tritonserver>", "<a reload>"
@@ -60,7 +61,7 @@ class Supervisor:
         """Drain and restart the server, which reads its repository again (safe in a signal handler)."""
         self._reload.set()
 
-    def run_forever(self) -> None:
+    def run_forever(self) -> NoReturn:
         """Watch and restart until interrupted (by the caller's signal handler)."""
         while True:
             cause, dead = self._watch()
@@ -78,16 +79,16 @@ class Supervisor:
         missing = sorted(self._models - set(stubs))
         if missing:
             return f"model {', '.join(missing)} has no Python stub (not loaded)", missing
-        watched = {**stubs, TRITONSERVER: self.server.process.pid}
+        watched = {**stubs, TRITONSERVER: self.server.running.pid}
         if self.openai is not None:
-            watched[OPENAI_SERVER] = self.openai.process.pid
+            watched[OPENAI_SERVER] = self.openai.running.pid
         with ProcessExits(watched) as exits:
             while True:
                 exited = exits.wait(RELOAD_CHECK_S)
                 if TRITONSERVER in exited:
-                    return f"tritonserver exited with code {self.server.process.wait()}", list(stubs)
-                if OPENAI_SERVER in exited:
-                    return f"the OpenAI server exited with code {self.openai.process.wait()}", [OPENAI_SERVER]
+                    return f"tritonserver exited with code {self.server.running.wait()}", list(stubs)
+                if OPENAI_SERVER in exited and self.openai is not None:
+                    return f"the OpenAI server exited with code {self.openai.running.wait()}", [OPENAI_SERVER]
                 if exited:
                     return f"the Python stub of model {', '.join(sorted(exited))} died", sorted(exited)
                 if self._reload.is_set():
@@ -100,7 +101,7 @@ class Supervisor:
         self._reload.clear()
         reason = "the server is restarting to apply a configuration change; try again in a moment"
         self._say(f"reload: refusing new requests, draining those in flight (up to {self._drain_timeout_s:g} s)")
-        if not self.server.drain(self._fronts, self._drain_timeout_s, self._entry, reason):
+        if not self.server.control.drain(self._fronts, self._drain_timeout_s, self._entry, reason):
             self._say("reload: the drain timed out; ending the requests still in flight")
             if self._end_in_flight(reason, []):
                 time.sleep(ERRORS_GRACE_S)
@@ -136,6 +137,7 @@ class Supervisor:
 
     def _restart_openai(self, cause: str) -> None:
         """The OpenAI server alone: its clients' connections died with it, Triton's requests go on."""
+        assert self.openai is not None, "only a watched OpenAI server dies"
         while True:
             delay = self._next_delay_s()
             self._say(f"{cause}; restarting it" + (f" in {delay:g} s" if delay else ""))
@@ -153,10 +155,10 @@ class Supervisor:
         """Every live model that holds client requests ends them with ``reason``: the fronts (their
         clients learn it even when the entry is the model that died) and the entry (its own clients,
         and it frees their KV). Whether any did."""
-        ended = [self.server.end_in_flight(front, reason, subserver=False)
+        ended = [self.server.control.end_in_flight(front, reason, subserver=False)
                  for front in self._fronts if front not in dead]
         if self._entry is not None and self._entry not in dead:
-            ended.append(self.server.end_in_flight(self._entry, reason))
+            ended.append(self.server.control.end_in_flight(self._entry, reason))
         return any(ended)
 
     def _next_delay_s(self) -> float:

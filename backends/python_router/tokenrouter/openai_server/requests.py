@@ -100,17 +100,18 @@ def _has_lone_surrogate(text: str) -> bool:
 INT32_MAX = 2**31 - 1  # the fronts' integer inputs (max_tokens, top_k, min_tokens, ...) are INT32
 
 
-def integer_in(low: int, high: int = INT32_MAX) -> Any:
-    """An integer field refused outside [low, high], the message naming the range."""
+def integer_in(low: int, high: int = INT32_MAX) -> AfterValidator:
+    """Refuses an integer field outside [low, high], the message naming the range (``Annotated[int, ...]``:
+    written out at each alias, so that the type checker reads the alias as a type)."""
     def check(value: int) -> int:
         if not low <= value <= high:
             raise ValueError(f"{value} is out of range: expected an integer from {low} to {high}")
         return value
-    return Annotated[int, AfterValidator(check)]
+    return AfterValidator(check)
 
 
-AtLeastOne = integer_in(1)
-NonNegative = integer_in(0)
+AtLeastOne = Annotated[int, integer_in(1)]
+NonNegative = Annotated[int, integer_in(0)]
 FP32_MAX = 3.4028234663852886e38  # the fronts' float inputs are FP32: a larger number would arrive as inf
 
 
@@ -149,7 +150,7 @@ class Message(_Strict):
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-Seed = integer_in(-(2**63), 2**64 - 1)
+Seed = Annotated[int, integer_in(-(2**63), 2**64 - 1)]
 
 
 class _Sampling(_Strict):

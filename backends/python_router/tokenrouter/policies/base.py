@@ -45,10 +45,10 @@ class RoutingPolicy:
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[PolicyParams]] = PolicyParams
-    #: ask the engine for the last hidden state at every step (router networks need it)
-    needs_hidden: ClassVar[bool] = False
-    #: ask the engine for the top-k logits at every step (0 = no)
-    top_logits: ClassVar[int] = 0
+    #: ask the engine for the last hidden state at every step (router networks need it; an instance may)
+    needs_hidden: bool = False
+    #: ask the engine for the top-k logits at every step (0 = no; an instance may set its own)
+    top_logits: int = 0
 
     def __init__(self, models: Sequence[str], entry: str, params: dict[str, Any] | None = None,
                  weights: str | Path | None = None) -> None:
@@ -83,7 +83,7 @@ class RoutingPolicy:
             raise PolicyError(f"policy '{cls.name}': {problems} (parameters: {allowed})") from None
 
     # --- the three functions ------------------------------------------------------------------
-    def route(self, batch: Sequence[RequestView], out: StepResult) -> list[str | Route]:
+    def route(self, batch: Sequence[RequestView], out: StepResult) -> Sequence[str | Route]:
         return [request.model for request in batch]
 
     def send(self, request: RequestView, peer: str) -> PeerMessage:

@@ -58,7 +58,9 @@ class QueryLevel(RoutingPolicy):
             return request.prompt_len >= self.min_prompt_tokens
         if self.mode == "entropy":
             return row_entropy(out, row) > self.threshold
-        logit = self.router.network(row_hidden(self, out, row, self.router.hidden_size))
+        router = self.router
+        assert router is not None, "mode 'classifier' loaded it in __init__"
+        logit = router.network(row_hidden(self, out, row, router.hidden_size))
         return float(torch.sigmoid(logit)[0]) >= self.threshold
 
     def route(self, batch: Sequence[RequestView], out: StepResult) -> list[str | Route]:

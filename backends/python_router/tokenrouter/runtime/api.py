@@ -15,7 +15,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from ..config import TokenRouterConfig, load_config
 from ..engine.base import Engine
@@ -194,34 +194,61 @@ class TokenRouter:
                     oldest.wait(timeout)
         return [handle.wait(timeout) for handle in handles]
 
-    async def stream(self, prompt: Prompt, **kwargs: Any) -> AsyncIterator[GenerationChunk]:
-        """Yield chunks as tokens are committed; cancelling the consumer cancels the request."""
+    async def stream(self, prompt: Prompt, *, pace: Callable[[], float] | None = None, text: bool = True,
+                     **kwargs: Any) -> AsyncIterator[GenerationChunk]:
+        """Yield chunks as tokens are committed; cancelling the consumer cancels the request.
+
+        ``pace``: the seconds a chunk should follow the one before (asked after each). Tokens committed
+        meanwhile leave together in the next chunk, and no wake-up reaches the consumer for them; the
+        first chunk and the last are never held. A consumer whose every chunk costs the same however
+        many tokens it carries (a message through another process) thus pays per interval, not per
+        token. ``text=False``: chunks carry no text (a consumer that detokenizes itself)."""
         loop = asyncio.get_running_loop()
-        wakeup = asyncio.Event()
+        wakeup, release = asyncio.Event(), asyncio.Event()
         handle = self.submit(prompt, **kwargs)
-        def wake() -> None:
+        codec = self.codec if text else None
+        waiting = True  # False while a paced chunk is held back: only the end wakes the consumer then
+
+        def ended() -> None:
+            wakeup.set()
+            release.set()
+
+        def wake() -> None:  # on the entry's loop thread, after each output
+            if not (waiting or handle.done):
+                return
             try:
-                loop.call_soon_threadsafe(wakeup.set)
+                loop.call_soon_threadsafe(ended if handle.done else wakeup.set)
             except RuntimeError:  # the consumer's loop is closed: it no longer wants output
                 pass
 
         handle.add_listener(wake)
         wakeup.set()  # tokens may have arrived before the listener was added
-        sent, text_sent = 0, ""
+        sent, text_sent, held = 0, "", False
         try:
             while True:
-                await wakeup.wait()
+                if not held:
+                    await wakeup.wait()
                 wakeup.clear()
+                held = False
                 finished = handle.done
                 with handle._lock:  # one output's tokens, origins and log probabilities together
                     tokens, origins, logprobs = handle.token_ids[:], handle.origins[:], handle.logprobs
                 if len(tokens) > sent or finished:
-                    text = self.codec.stable_text(tokens, finished) if self.codec else None
+                    decoded = codec.stable_text(tokens, finished) if codec else None
                     yield GenerationChunk(tokens[sent:], self._names(origins[sent:]),
-                                          None if text is None else text[len(text_sent):],
+                                          None if decoded is None else decoded[len(text_sent):],
                                           handle.finish_reason if finished else None,
                                           None if logprobs is None else logprobs[sent:len(tokens)])
-                    sent, text_sent = len(tokens), text or ""
+                    sent, text_sent = len(tokens), decoded or ""
+                    interval = 0.0 if finished or pace is None else pace()
+                    if interval > 0:
+                        waiting = False
+                        release.clear()
+                        timer = loop.call_later(interval, release.set)
+                        if not handle.done:  # an end that came before ``waiting`` dropped has woken no one
+                            await release.wait()
+                        timer.cancel()
+                        waiting, held = True, True  # read what came meanwhile without a wake-up
                 if finished:
                     if handle.finish_reason == "error":
                         raise GenerationError(handle.error)

@@ -55,6 +55,8 @@ top  shared by the processes above (and the launcher, and clients for the schema
     peer_auth.py        server_secret       the per-start secret, request keys, control parameters; private files
     pair_secret.py      pair_secret         the secret the servers of one deployment share (several servers)
     error_codes.py      code_name           Triton error codes by name, for errors sent as data
+    triton_api.py       PbUtils, ...        the Triton Python-backend API the glue uses, as Protocols (and the
+                                            test fake's)
     cancel_polling.py   cancel_poll_interval  how often a writer polls its senders for cancellation
     cpu_sampler.py      CpuSampler          a stub's on-CPU stack sampling (TOKENROUTER_PROFILE)
     repository.py       render_repository   the model repository from a config, and read back by stubs

@@ -10,7 +10,7 @@ response instead: finish_reason "error", the message in ``error`` and the code's
 
 from __future__ import annotations
 
-from typing import Any
+from .triton_api import PbUtils
 
 # A client that sets this request parameter (true) gets every error of a front as "CODE: message", the
 # code's name first: a gRPC stream's error carries the message alone (our OpenAI server maps the code
@@ -21,13 +21,13 @@ CODE_NAMES = ("INVALID_ARG", "UNAVAILABLE", "INTERNAL", "CANCELLED", "NOT_FOUND"
               "UNKNOWN")
 
 
-def code_name(pb_utils: Any, code: Any) -> str:
+def code_name(pb_utils: PbUtils, code: int | None) -> str:
     """The name of ``code`` (a pb_utils.TritonError code; None: INTERNAL, Triton's default)."""
     return next((name for name in CODE_NAMES if code is not None and getattr(pb_utils.TritonError, name, None) == code),
                 "INTERNAL")
 
 
-def code_of(pb_utils: Any, name: str) -> Any:
+def code_of(pb_utils: PbUtils, name: str) -> int:
     return getattr(pb_utils.TritonError, name if name in CODE_NAMES else "INTERNAL")
 
 

@@ -40,7 +40,8 @@ class Tensor:
 
     def row(self, values: object) -> np.ndarray:
         """One batch row ``[1, ...]`` of this tensor: a scalar or a list becomes ``[1, n]``."""
-        array = np.array(values if isinstance(values, (list, tuple, np.ndarray)) else [values], dtype=self.numpy)
+        listed = values if isinstance(values, (list, tuple, np.ndarray)) else [values]
+        array: np.ndarray = np.array(listed, dtype=self.numpy)
         return array.reshape(1, -1) if len(self.dims) <= 1 else array[None]
 
 

@@ -44,7 +44,7 @@ def splits(b: int, probs: np.ndarray) -> list[tuple[float, tuple[int, ...]]]:
     """
     targets = [j for j, p in enumerate(probs) if p > 0]
     out = []
-    for counts in _compositions(b, len(targets)):
+    for counts in compositions(b, len(targets)):
         log_p = math.lgamma(b + 1) + sum(n * math.log(probs[j]) - math.lgamma(n + 1)
                                          for j, n in zip(targets, counts))
         arrivals = [0] * len(probs)
@@ -54,12 +54,12 @@ def splits(b: int, probs: np.ndarray) -> list[tuple[float, tuple[int, ...]]]:
     return out
 
 
-def _compositions(total: int, parts: int):
+def compositions(total: int, parts: int):
     if parts == 1:
         yield (total,)
         return
     for first in range(total + 1):
-        for rest in _compositions(total - first, parts - 1):
+        for rest in compositions(total - first, parts - 1):
             yield (first,) + rest
 
 

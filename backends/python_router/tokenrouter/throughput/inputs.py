@@ -77,6 +77,42 @@ def check_thresholds(B: Sequence[int], M: int, N: int) -> tuple[int, ...]:
     return tuple(int(b) for b in thresholds)
 
 
+def check_workers(workers: Sequence[int], M: int, N: int) -> tuple[int, ...]:
+    """One instance count >= 1 per model, none above N (an instance with no request never runs)."""
+    counts = tuple(workers)
+    if len(counts) != M:
+        raise ValueError(f"workers needs one instance count per model ({M}), got {len(counts)}")
+    if any(isinstance(w, bool) or not isinstance(w, (int, np.integer)) or not 1 <= w <= N for w in counts):
+        raise ValueError(f"each model needs between 1 and N = {N} instances, got workers = {list(counts)}")
+    return tuple(int(w) for w in counts)
+
+
+def placement(N: int, workers: Sequence[int]) -> np.ndarray:
+    """N x M: the instance of model j that request r is pinned to (least loaded at admission)."""
+    return np.array([[r % w for w in workers] for r in range(N)], dtype=int).reshape(N, len(workers))
+
+
+def check_pool_thresholds(B: Sequence[int], workers: Sequence[int], N: int) -> tuple[int, ...]:
+    """Thresholds every instance can reach: B_i at most the requests pinned to the least loaded
+    instance of model i (else it never starts and its requests stay there), and the deadlock guard
+    per group of instances that share requests: sum over the group's instances of (B_i - 1) < the
+    group's requests. With one instance per model that is the pair's rule sum(B_i - 1) < N."""
+    thresholds = check_thresholds(B, len(workers), N)
+    for model, (w, b) in enumerate(zip(workers, thresholds)):
+        if b > N // w:
+            raise ValueError(f"B[{model}] = {b} but an instance of model {model} holds only {N // w} of the N = {N} "
+                             f"requests with workers = {list(workers)}: it would never start")
+    groups = math.gcd(*workers)
+    for group in range(groups):
+        requests = len(range(group, N, groups))
+        slack = sum((w // groups) * (b - 1) for w, b in zip(workers, thresholds))
+        if slack >= requests:
+            raise ValueError(f"B = {list(thresholds)} can deadlock with workers = {list(workers)} at N = {N}: "
+                             f"a group of {[w // groups for w in workers]} instances shares {requests} requests "
+                             f"and its sum of (B_i - 1) is {slack} >= {requests}")
+    return thresholds
+
+
 def latency_table(L: Sequence[Latency], M: int, N: int) -> np.ndarray:
     """An M x N table of step latencies in seconds (column b - 1 = batch size b)."""
     if len(L) != M:

@@ -3,7 +3,8 @@
 It follows requests one by one (each completed row draws its own destination) on an integer
 nanosecond clock, with no grid, no state encoding and no linear algebra, so agreement with
 ``predict`` checks the chain's construction and its stationary solve. It also models what the chain
-cannot: a per-handoff latency, during which a row is on its way between two servers.
+cannot: a per-handoff latency, during which a row is on its way between two servers, and pools of
+several instances per model with requests pinned to one instance of each (``pools.py``).
 """
 
 from __future__ import annotations
@@ -13,56 +14,67 @@ from typing import Sequence
 
 import numpy as np
 
-from .inputs import Latency, check_matrices, check_population, check_thresholds, latency_table
+from .inputs import (Latency, check_matrices, check_pool_thresholds, check_population, check_workers, latency_table,
+                     placement)
 
 
 def simulate(P: Sequence[Sequence[float]] | np.ndarray, C: Sequence[Sequence[float]] | np.ndarray,
              L: Sequence[Latency], B: Sequence[int], N: int, *, events: int = 100_000,
-             warmup: int = 1_000, seed: int = 0, handoff_s: float = 0.0) -> float:
+             warmup: int = 1_000, seed: int = 0, handoff_s: float = 0.0,
+             workers: Sequence[int] | None = None) -> float:
     """Committed tokens per second over ``events`` batch completions after ``warmup`` ones.
 
     ``handoff_s``: a row that moves to another model reaches it that much later (a network between
-    two servers); it is in neither model's queue meanwhile, and both models go on."""
+    two servers); it is in neither model's queue meanwhile, and both models go on.
+    ``workers``: instances per model (default one each); each request is pinned to one instance of
+    every model (``inputs.placement``) and B_i applies to every instance of model i."""
     p, c = check_matrices(P, C)
     N = check_population(N)
-    B = check_thresholds(B, len(p), N)
+    M = len(p)
+    counts = check_workers(workers if workers is not None else [1] * M, M, N)
+    B = check_pool_thresholds(B, counts, N)
     if handoff_s < 0:
         raise ValueError(f"handoff_s must be >= 0, got {handoff_s}")
-    nanos = np.rint(latency_table(L, len(p), N) * 1e9).astype(np.int64)
+    nanos = np.rint(latency_table(L, M, N) * 1e9).astype(np.int64)
     transit_ns = int(round(handoff_s * 1e9))
-    M = len(p)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])  # instance ids: model j's are first[j] + x
+    model_of = np.repeat(np.arange(M), counts).tolist()
+    pinned = (placement(N, counts) + first).tolist()  # pinned[r][j]: request r's instance of model j
     rng = np.random.default_rng(seed)
     cumulative = np.cumsum(p, axis=1)
-    waiting = [N] + [0] * (M - 1)  # all requests start at the entry model
-    running = [0] * M
-    finish: list[int | None] = [None] * M
-    in_transit: list[tuple[int, int]] = []  # heap of (arrival time, destination model)
+    waiting: list[list[int]] = [[] for _ in model_of]
+    for request in range(N):  # all requests start at the entry model
+        waiting[pinned[request][0]].append(request)
+    running: list[list[int]] = [[] for _ in model_of]
+    finish: list[int | None] = [None] * len(model_of)
+    in_transit: list[tuple[int, int, int]] = []  # heap of (arrival time, instance, request)
     now = measured_from = 0
     tokens = 0.0
     completions = 0
     while completions < warmup + events:
-        for j in range(M):  # idle models whose queue reached the threshold start everything waiting
-            if finish[j] is None and waiting[j] >= B[j]:
-                running[j], waiting[j] = waiting[j], 0
-                finish[j] = now + int(nanos[j, running[j] - 1])
+        for u, i in enumerate(model_of):  # idle instances whose queue reached the threshold start everything
+            if finish[u] is None and len(waiting[u]) >= B[i]:
+                running[u], waiting[u] = waiting[u], []
+                finish[u] = now + int(nanos[i, len(running[u]) - 1])
         next_finish = min((t for t in finish if t is not None), default=None)
         if in_transit and (next_finish is None or in_transit[0][0] < next_finish):
-            now, model = heapq.heappop(in_transit)  # a handed-off row arrives
-            waiting[model] += 1
+            now, instance, request = heapq.heappop(in_transit)  # a handed-off row arrives
+            waiting[instance].append(request)
             continue
         if completions == warmup:
             tokens, measured_from = 0.0, now
         completions += 1
         now = next_finish
-        for i in range(M):
-            if finish[i] != now:
+        for u, i in enumerate(model_of):
+            if finish[u] != now:
                 continue
-            destinations = np.minimum(np.searchsorted(cumulative[i], rng.random(running[i]), side="right"), M - 1)
-            for j in destinations.tolist():
+            rows = running[u]
+            destinations = np.minimum(np.searchsorted(cumulative[i], rng.random(len(rows)), side="right"), M - 1)
+            for request, j in zip(rows, destinations.tolist()):
                 tokens += c[i, j]
                 if j == i or transit_ns == 0:
-                    waiting[j] += 1
+                    waiting[pinned[request][j]].append(request)
                 else:
-                    heapq.heappush(in_transit, (now + transit_ns, j))
-            running[i], finish[i] = 0, None
+                    heapq.heappush(in_transit, (now + transit_ns, pinned[request][j], request))
+            running[u], finish[u] = [], None
     return tokens / ((now - measured_from) * 1e-9)

@@ -17,7 +17,6 @@ FAILED: !byte_buffer->Valid()" in grpc's proto_buffer_writer.h, Triton 2.51).
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -25,6 +24,7 @@ import triton_python_backend_utils as pb_utils
 from .core_outputs import CoreOutput
 from ..schema import OUT_OF_VOCABULARY
 from ..text.tokenizer_stub import model_parameters
+from ..triton_api import InferenceRequest
 from .core_request import parse_core_request
 from .front_model import TritonPythonModel as FrontModel
 from .front_request import Generation
@@ -35,7 +35,7 @@ class TritonPythonModel(FrontModel):
         super().initialize(args)
         self.wrap_ids = model_parameters(args).get(OUT_OF_VOCABULARY, "refuse") == "wrap"
 
-    def _take(self, request: Any) -> None:
+    def _take(self, request: InferenceRequest) -> None:
         """TensorRT-LLM's stop request (``stop`` true, the request id of the request to stop) cancels that
         request and is answered with an empty final response; any other request is read as a front reads."""
         stop = pb_utils.get_input_tensor_by_name(request, "stop")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -24,12 +24,13 @@ from ..error_codes import code_of
 from ..peer_auth import cancel_parameters
 from ..schema import PEER_INPUT, SUBSERVER_INPUTS
 from ..text.entry_chunk import EntryChunk
+from ..triton_api import BlsResponse, PbUtils
 
 
 class EntryError(Exception):
     """The entry subserver answered a generation with an error (``code``: Triton's error code)."""
 
-    def __init__(self, message: str, code: Any) -> None:
+    def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
 
@@ -41,10 +42,10 @@ class _LateRelease:
     HOLD_S = 5.0
 
     def __init__(self) -> None:
-        self._held: deque[tuple[float, Any]] = deque()
+        self._held: deque[tuple[float, Iterable[BlsResponse]]] = deque()
         self._lock = threading.Lock()
 
-    def keep(self, iterator: Any) -> None:
+    def keep(self, iterator: Iterable[BlsResponse]) -> None:
         now = time.monotonic()
         with self._lock:
             self._held.append((now + self.HOLD_S, iterator))
@@ -57,7 +58,7 @@ class _LateRelease:
 _late_release = _LateRelease()
 
 
-def stream_from_entry(pb_utils: Any, entry: str, inputs: Mapping[str, np.ndarray], outputs: list[str],
+def stream_from_entry(pb_utils: PbUtils, entry: str, inputs: Mapping[str, np.ndarray], outputs: list[str],
                       parameters: Mapping[str, str]) -> Iterator[EntryChunk]:
     """The entry's chunks for one generation (its ``outputs``, of schema.SUBSERVER_OUTPUTS), the
     last one final; raises EntryError, also for an error the entry sent as data (error_codes.py)."""
@@ -70,7 +71,7 @@ def stream_from_entry(pb_utils: Any, entry: str, inputs: Mapping[str, np.ndarray
         _late_release.keep(responses)
 
 
-def _chunks(pb_utils: Any, responses: Any) -> Iterator[EntryChunk]:
+def _chunks(pb_utils: PbUtils, responses: Iterable[BlsResponse]) -> Iterator[EntryChunk]:
     for response in responses:
         if response.has_error():  # only as the first response: Triton loses later ones (error_codes.py)
             raise EntryError(response.error().message(), pb_utils.TritonError.INTERNAL)
@@ -83,7 +84,7 @@ def _chunks(pb_utils: Any, responses: Any) -> Iterator[EntryChunk]:
         yield chunk
 
 
-def cancel_at_entry(pb_utils: Any, entry: str, secret: str, keys: list[str]) -> None:
+def cancel_at_entry(pb_utils: PbUtils, entry: str, secret: str, keys: list[str]) -> None:
     """End the entry's requests that a front named ``keys`` (each then answers 'cancelled')."""
     payload = SUBSERVER_INPUTS[PEER_INPUT].row(b"[]")
     request = pb_utils.InferenceRequest(model_name=entry, inputs=[pb_utils.Tensor(PEER_INPUT, payload)],

@@ -35,6 +35,7 @@ from ..peer_auth import (CONTROL_PARAMETER, REASON_PARAMETER, carries_secret, fr
 from ..schema import EXCLUDE_INPUT, ONE_TOKEN_PER_RESPONSE
 from ..text.text_inputs import TextInputs
 from ..text.tokenizer_stub import load_codec, model_parameters, parse_bool
+from ..triton_api import InferenceRequest, ResponseSender
 from .entry_call import EntryError, cancel_at_entry, stream_from_entry
 from .front_outputs import GenerationOutput
 from .front_request import FanOutLimits, Generation, parse_request
@@ -70,7 +71,7 @@ class TritonPythonModel:
             self._take(request)
         return None
 
-    def _take(self, request: Any) -> None:
+    def _take(self, request: InferenceRequest) -> None:
         sender = request.get_response_sender()
         parameters = request_parameters(request) or {}
         if CONTROL_PARAMETER in parameters:
@@ -105,7 +106,7 @@ class TritonPythonModel:
         """What turns the entry's chunks of ``generation`` into the client's responses."""
         return GenerationOutput(self.text.codec, generation)
 
-    def _control(self, sender: Any, parameters: dict[str, Any]) -> None:
+    def _control(self, sender: ResponseSender, parameters: dict[str, Any]) -> None:
         """The launcher's calls (with this server start's secret), each with a reason that says to retry:
         ``drain`` refuses every new request from now on and answers whether any is still in flight (the
         launcher asks again until none is: Triton 2.51 cannot unload a front that clients keep streams

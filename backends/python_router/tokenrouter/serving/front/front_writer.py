@@ -21,12 +21,13 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping
+from typing import Callable, Collection, Mapping
 
 import numpy as np
 
 from ..cancel_polling import CANCEL_POLL_S, cancel_poll_interval
 from ..error_codes import code_name, coded_message
+from ..triton_api import InferenceResponse, PbUtils, ResponseSender
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 class ClientRequest:
     """One client request at a front; its state is the writer thread's alone."""
 
-    sender: Any
+    sender: ResponseSender
     keys: list[str]  # one per generation: the names the entry knows them by
     wanted: frozenset[str] | None  # the outputs the client asked for (None: all)
     code_in_message: bool = False  # errors read "CODE: message" (error_codes.ERROR_CODES_PARAMETER)
@@ -58,29 +59,29 @@ class _ClientOutput:
 class _ClientError:
     request: ClientRequest
     message: str
-    code: Any
+    code: int
 
 
 @dataclass
 class _Stop:
     request_id: str
-    caller: Any  # the stop request's sender, answered once the named requests are cancelled
+    caller: ResponseSender  # the stop request's sender, answered once the named requests are cancelled
 
 
 @dataclass
 class _EndAll:
     message: str
-    code: Any
-    caller: Any  # the control call's sender, answered once the others are
+    code: int
+    caller: ResponseSender  # the control call's sender, answered once the others are
 
 
 @dataclass
 class _Drained:
-    caller: Any  # the launcher's drain call: answered with whether requests are still live
+    caller: ResponseSender  # the launcher's drain call: answered with whether requests are still live
 
 
 class FrontWriter:
-    def __init__(self, pb_utils: Any, cancel_at_entry: Callable[[list[str]], None], *,
+    def __init__(self, pb_utils: PbUtils, cancel_at_entry: Callable[[list[str]], None], *,
                  cancel_poll_s: float = CANCEL_POLL_S) -> None:
         """``cancel_at_entry(keys)``: end the entry's requests named ``keys`` (a control call)."""
         self._pb, self._cancel_at_entry, self._cancel_poll_s = pb_utils, cancel_at_entry, cancel_poll_s
@@ -89,7 +90,7 @@ class FrontWriter:
         self._thread = threading.Thread(target=self._loop, name="front-responses", daemon=True)
         self._thread.start()
 
-    def open(self, sender: Any, keys: list[str], wanted: Collection[str] | None,
+    def open(self, sender: ResponseSender, keys: list[str], wanted: Collection[str] | None,
              code_in_message: bool = False, request_id: str = "") -> ClientRequest:
         """A request whose generations are about to start (queued before any of their output)."""
         request = ClientRequest(sender, keys, None if wanted is None else frozenset(wanted), code_in_message,
@@ -101,25 +102,25 @@ class FrontWriter:
         """A response of one generation; the FINAL flag rides on the last response of the last one."""
         self._queue.put(_ClientOutput(request, outputs, last_of_generation))
 
-    def fail(self, request: ClientRequest, message: str, code: Any) -> None:
+    def fail(self, request: ClientRequest, message: str, code: int) -> None:
         """End the request with an error; its other generations are cancelled at the entry."""
         self._queue.put(_ClientError(request, message, code))
 
-    def reject(self, sender: Any, message: str, code: Any, code_in_message: bool = False) -> None:
+    def reject(self, sender: ResponseSender, message: str, code: int, code_in_message: bool = False) -> None:
         """Answer a request that never started with an error."""
         self._queue.put(_ClientError(ClientRequest(sender, [], None, code_in_message), message, code))
 
-    def stop(self, request_id: str, caller: Any) -> None:
+    def stop(self, request_id: str, caller: ResponseSender) -> None:
         """Cancel the live requests whose client named them ``request_id`` (TensorRT-LLM's stop request:
         they end as 'cancelled', answered as usual); then answer ``caller`` with an empty final response."""
         self._queue.put(_Stop(request_id, caller))
 
-    def end_all(self, message: str, code: Any, caller: Any) -> None:
+    def end_all(self, message: str, code: int, caller: ResponseSender) -> None:
         """End every live request with an error saying ``message`` (the launcher's control call: the
         server is about to restart, and the entry may be the model that died); then answer ``caller``."""
         self._queue.put(_EndAll(message, code, caller))
 
-    def answer_drained(self, caller: Any) -> None:
+    def answer_drained(self, caller: ResponseSender) -> None:
         """Answer the launcher's drain call: success when no request is live any more, else an
         UNAVAILABLE error that says how many are (the launcher asks again until its deadline)."""
         self._queue.put(_Drained(caller))
@@ -172,7 +173,7 @@ class FrontWriter:
             if len(item.request.keys) > 1:
                 self._cancel(item.request.keys)
 
-    def _fail(self, request: ClientRequest, message: str, code: Any) -> None:
+    def _fail(self, request: ClientRequest, message: str, code: int) -> None:
         self._end(request)
         if request.code_in_message:
             message = coded_message(code_name(self._pb, code), message)
@@ -195,7 +196,7 @@ class FrontWriter:
         request.done = True
         self._live.discard(request)
 
-    def _send(self, sender: Any, response: Any, final: bool) -> None:
+    def _send(self, sender: ResponseSender, response: InferenceResponse, final: bool) -> None:
         pb = self._pb
         try:
             sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)

@@ -13,8 +13,9 @@ Like vLLM's and TensorRT-LLM's ``stream_interval``, but in time and only as many
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Union
 
+from ..triton_api import ResponseSender
 from .output_chunk import OutputChunk
 
 
@@ -23,7 +24,7 @@ class QueuedChunk:
     """Output queued for a request's sender."""
 
     rid: str
-    sender: Any
+    sender: ResponseSender
     chunk: OutputChunk
     wanted: frozenset[str] | None = None  # the outputs the caller asked for (None: all)
     alone: bool = False  # its own response, at once: one token per response, as TensorRT-LLM streams
@@ -38,9 +39,9 @@ class QueuedError:
     """The error that ends a request, queued for its sender."""
 
     rid: str
-    sender: Any
+    sender: ResponseSender
     message: str
-    code: Any = None  # a TritonError code; None: Triton's default (INTERNAL)
+    code: int | None = None  # a TritonError code; None: Triton's default (INTERNAL)
     in_band: bool = False  # a front's request: the error goes as data (error_codes.py)
     final = True
 

@@ -17,6 +17,7 @@ from typing import Any
 from ...config import SchedulingSpec
 from ..cancel_polling import CANCEL_POLL_S, cancel_poll_interval
 from ..error_codes import code_name
+from ..triton_api import InferenceResponse, PbUtils, ResponseSender
 from .output_chunk import OutputChunk, in_band_error
 from .pacing import QueuedItem, Pacer, QueuedChunk, QueuedError
 from .tracked_requests import TrackedRequests
@@ -30,14 +31,14 @@ MAX_RESPONSES_PER_S: float = SchedulingSpec.model_fields["max_responses_per_s"].
 class _Accepted:
     """An empty first response to a front's request, before any of its output (see intake.py)."""
 
-    sender: Any
+    sender: ResponseSender
 
 
 class SubserverWriter:
     """Sends paced responses from one thread (pacing.py) and polls client
     cancellation every ``cancel_poll_s`` (more seldom with many streams: ``cancel_poll_interval``)."""
 
-    def __init__(self, pb_utils: Any, subserver: Any, *,
+    def __init__(self, pb_utils: PbUtils, subserver: Any, *,
                  max_responses_per_s: float = MAX_RESPONSES_PER_S, cancel_poll_s: float = CANCEL_POLL_S) -> None:
         self._pb, self._subserver = pb_utils, subserver
         self._max_responses_per_s = max_responses_per_s
@@ -48,7 +49,7 @@ class SubserverWriter:
         self._thread = threading.Thread(target=self._loop, name="responses", daemon=True)
         self._thread.start()
 
-    def track(self, rid: str, sender: Any, key: str | None = None) -> None:
+    def track(self, rid: str, sender: ResponseSender, key: str | None = None) -> None:
         """Answer ``rid`` through ``sender`` until its final response, polling it for cancellation;
         ``key``: the name a front gave the request, by which it cancels it (``rids_of``) instead."""
         self._tracked.track(rid, sender, key)
@@ -69,19 +70,20 @@ class SubserverWriter:
     def untrack(self, rid: str) -> None:
         self._tracked.untrack(rid)
 
-    def respond(self, rid: str, sender: Any, chunk: OutputChunk, wanted: frozenset[str] | None = None,
+    def respond(self, rid: str, sender: ResponseSender, chunk: OutputChunk, wanted: frozenset[str] | None = None,
                 alone: bool = False) -> None:
         """``alone``: a response of its own, at once (not paced, never merged)."""
         self._queue.put(QueuedChunk(rid, sender, chunk, wanted, alone))
 
-    def error(self, rid: str, sender: Any, message: str, code: Any = None, in_band: bool | None = None) -> None:
+    def error(self, rid: str, sender: ResponseSender, message: str, code: int | None = None,
+              in_band: bool | None = None) -> None:
         """End ``rid`` with an error; ``in_band`` (None: whether a front named the request) sends it
         as data, the way a front can receive it (error_codes.py)."""
         if in_band is None:
             in_band = self._tracked.is_keyed(rid)
         self._queue.put(QueuedError(rid, sender, message, code, in_band))
 
-    def accept(self, sender: Any) -> None:
+    def accept(self, sender: ResponseSender) -> None:
         self._queue.put(_Accepted(sender))
 
     def close(self) -> None:
@@ -137,7 +139,7 @@ class SubserverWriter:
             if final:  # Triton frees a request only on a FINAL: never leave one without it
                 self._send_final_error(sender, f"the response could not be sent: {type(exc).__name__}: {exc}", in_band)
 
-    def _error_response(self, message: str, code: Any, in_band: bool) -> Any:
+    def _error_response(self, message: str, code: int | None, in_band: bool) -> InferenceResponse:
         pb = self._pb
         if in_band:
             return pb.InferenceResponse([pb.Tensor(name, array) for name, array in
@@ -145,13 +147,13 @@ class SubserverWriter:
         error = pb.TritonError(message) if code is None else pb.TritonError(message, code)
         return pb.InferenceResponse(output_tensors=[], error=error)
 
-    def _send_accepted(self, sender: Any) -> None:
+    def _send_accepted(self, sender: ResponseSender) -> None:
         try:
             sender.send(self._pb.InferenceResponse(output_tensors=[]), flags=0)
         except Exception:  # the client is gone; its request still ends with a FINAL later
             log.debug("the accepted response could not be sent", exc_info=True)
 
-    def _send_final_error(self, sender: Any, message: str, in_band: bool) -> None:
+    def _send_final_error(self, sender: ResponseSender, message: str, in_band: bool) -> None:
         pb = self._pb
         try:
             sender.send(self._error_response(message, None, in_band), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

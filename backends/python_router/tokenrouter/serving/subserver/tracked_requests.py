@@ -10,14 +10,15 @@ for cancellation (its front polls its client). Used from the intake's and the wr
 from __future__ import annotations
 
 import threading
-from typing import Any
+
+from ..triton_api import ResponseSender
 
 
 class TrackedRequests:
     """rid -> the sender that answers it, and each front's key <-> its rid."""
 
     def __init__(self) -> None:
-        self._senders: dict[str, Any] = {}
+        self._senders: dict[str, ResponseSender] = {}
         self._keys: dict[str, str] = {}  # request key (chosen by a front, see front_model.py) -> rid
         self._key_of: dict[str, str] = {}  # rid -> its key
         self._lock = threading.Lock()
@@ -25,7 +26,7 @@ class TrackedRequests:
     def __len__(self) -> int:
         return len(self._senders)
 
-    def track(self, rid: str, sender: Any, key: str | None = None) -> None:
+    def track(self, rid: str, sender: ResponseSender, key: str | None = None) -> None:
         with self._lock:
             self._senders[rid] = sender
             if key is not None:
@@ -46,12 +47,12 @@ class TrackedRequests:
         with self._lock:
             return rid in self._key_of
 
-    def live(self) -> list[tuple[str, Any]]:
+    def live(self) -> list[tuple[str, ResponseSender]]:
         """(rid, sender) of every request whose final response is still to come."""
         with self._lock:
             return list(self._senders.items())
 
-    def polled(self) -> list[tuple[str, Any]]:
+    def polled(self) -> list[tuple[str, ResponseSender]]:
         """(rid, sender) of the requests whose clients call this model directly (not keyed)."""
         with self._lock:
             return [(rid, sender) for rid, sender in self._senders.items() if rid not in self._key_of]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Collection
+from typing import TYPE_CHECKING, Collection
 
 from ...runtime.emission import large_model_share
 from ..schema import PREFIX_TOKENS
+from ..triton_api import ResponseSender
 from .output_chunk import OutputChunk
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 class TritonSink:
     """A request's output as decoupled responses: chunks as they come when streaming, else one at the end."""
 
-    def __init__(self, writer: "SubserverWriter", rid: str, sender: Any, stream: bool, names: list[str],
+    def __init__(self, writer: "SubserverWriter", rid: str, sender: ResponseSender, stream: bool, names: list[str],
                  entry_index: int, wanted: Collection[str] | None = None, one_token: bool = False) -> None:
         """``wanted``: the outputs the caller asked for (None: all); ``one_token``: when streaming, each
         token its own response, never merged by the writer's pacing (TensorRT-LLM's streaming)."""

@@ -10,10 +10,9 @@ refusal), and ids outside the vocabulary are refused by name.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from ..triton_api import InferenceRequest
 from .detokenize import chunk_text
 from .input_limits import context_limit
 from .tokenizer_stub import RequestError, TokenizerModel, input_array
@@ -25,7 +24,7 @@ class TritonPythonModel(TokenizerModel):
         self.max_ids = context_limit(self.parameters, self.tokenizer_path)
         self.vocab_size = len(self.codec.tokenizer)
 
-    def respond(self, request: Any) -> dict[str, np.ndarray]:
+    def respond(self, request: InferenceRequest) -> dict[str, np.ndarray]:
         tokens, lengths = input_array(request, "TOKENS_BATCH"), input_array(request, "SEQUENCE_LENGTH")
         if tokens is None or lengths is None:
             raise RequestError("postprocessing needs TOKENS_BATCH and SEQUENCE_LENGTH")

@@ -12,12 +12,11 @@ caps, the same chat template setting), so ``preprocessing`` -> ``tensorrt_llm`` 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ...request_builder import RequestError
 from ..schema import PREPROCESSING_OUTPUTS, word_list_rows
+from ..triton_api import InferenceRequest
 from .text_inputs import TextInputs
 from .tokenizer_stub import TokenizerModel, input_array
 
@@ -40,7 +39,7 @@ class TritonPythonModel(TokenizerModel):
         self.end_id = int(eos)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
 
-    def respond(self, request: Any) -> dict[str, np.ndarray]:
+    def respond(self, request: InferenceRequest) -> dict[str, np.ndarray]:
         for name in REFUSED:
             if input_array(request, name) is not None:
                 raise RequestError(f"{name}: {REFUSED[name]}")
@@ -70,7 +69,7 @@ class TritonPythonModel(TokenizerModel):
         }
         return {name: np.asarray(values[name], dtype=tensor.numpy) for name, tensor in PREPROCESSING_OUTPUTS.items()}
 
-    def _ids(self, request: Any, name: str, rows: int, default: int) -> list[int]:
+    def _ids(self, request: InferenceRequest, name: str, rows: int, default: int) -> list[int]:
         array = input_array(request, name)
         if array is None:
             return [default] * rows

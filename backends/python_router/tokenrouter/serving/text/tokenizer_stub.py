@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -17,9 +16,10 @@ import triton_python_backend_utils as pb_utils
 from ...request_builder import RequestError  # invalid request: an INVALID_ARG error response
 from ...text import TextCodec
 from ..repository import repository_path
+from ..triton_api import InferenceRequest, InferenceResponse
 
 
-def input_array(request: Any, name: str) -> np.ndarray | None:
+def input_array(request: InferenceRequest, name: str) -> np.ndarray | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
 
@@ -48,10 +48,10 @@ class TokenizerModel:
         self.parameters = model_parameters(args)
         self.codec, self.tokenizer_path = load_codec(args, self.parameters)
 
-    def respond(self, request: Any) -> dict[str, np.ndarray]:
+    def respond(self, request: InferenceRequest) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def execute(self, requests: list[Any]) -> list[Any]:
+    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse]:
         responses = []
         for request in requests:
             try:
@@ -64,5 +64,5 @@ class TokenizerModel:
         return responses
 
 
-def error_response(message: str, code: int) -> Any:
+def error_response(message: str, code: int) -> InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))

@@ -1,0 +1,1 @@
+../../tests/fake_pb_utils.py
