@@ -61,16 +61,18 @@ class VllmServe:
     def start(self) -> "VllmServe":
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
                    VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, self.cpus)), OMP_NUM_THREADS=str(len(self.cpus)))
-        self.process = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env=env, start_new_session=True)
-        threading.Thread(target=self._read_output, name=f"vllm-{self.name}-log", daemon=True).start()
+        process = self.process = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                  text=True, env=env, start_new_session=True)
+        threading.Thread(target=self._read_output, args=(process,), name=f"vllm-{self.name}-log", daemon=True).start()
         return self
 
-    def _read_output(self) -> None:
-        for line in self.process.stdout:
+    def _read_output(self, process: subprocess.Popen[str]) -> None:
+        for line in process.stdout or ():
             self.tail.append(line.rstrip())
 
     def wait_ready(self, timeout_s: float = 900.0) -> "VllmServe":
+        if self.process is None:
+            raise RuntimeError(f"vllm server '{self.name}' was not started")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -24,10 +24,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
-from tokenrouter.config import TokenRouterConfig
+from tokenrouter.config import ModelSpec, TokenRouterConfig
 from tokenrouter.engine.dtypes import resolve_dtype
 from tokenrouter.launch.openai_process import OpenAIServer, free_port
-from tokenrouter.launch.triton_server import Ports, TritonServer, build_backend_dir, find_triton
+from tokenrouter.launch.triton_install import build_backend_dir, find_triton
+from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.policies import create_policy
 from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec
@@ -46,6 +47,7 @@ SYSTEMS = ("tokenrouter", "std_serving", "large_alone")
 LABELS = {"tokenrouter": "TokenRouter served (OpenAI server + Triton)",
           "std_serving": "Std. Serving on two vLLM servers", "large_alone": "1.5B alone, vLLM server, 2 cores"}
 READY_S = 900.0
+MAX_MODEL_LEN = 4096  # when the config leaves it to the engine
 # vLLM's per-request histograms (seconds) and counters read for the per-call split
 HISTOGRAMS = ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
               "vllm:request_prefill_time_seconds", "vllm:request_inference_time_seconds")
@@ -76,6 +78,22 @@ def _large(config: TokenRouterConfig) -> str:
     return next(name for name in config.model_names if name != config.entry)
 
 
+def _entry(config: TokenRouterConfig) -> str:
+    if config.entry is None:
+        raise ValueError("the config names no entry model")
+    return config.entry
+
+
+def _path(spec: ModelSpec) -> Path:
+    if spec.path is None:
+        raise ValueError("a vLLM server needs the model's path")
+    return Path(spec.path)
+
+
+def _max_model_len(config: TokenRouterConfig) -> int:
+    return config.max_model_len or MAX_MODEL_LEN
+
+
 @contextlib.contextmanager
 def tokenrouter_openai(config: TokenRouterConfig) -> Iterator[Opened]:
     install = find_triton()
@@ -93,7 +111,7 @@ def tokenrouter_openai(config: TokenRouterConfig) -> Iterator[Opened]:
             server = server.start_ready(READY_S)
             api.triton_url = server.grpc_url
             api.start().wait_ready(300)
-            yield lambda: OpenAITarget(api.url, _large(config), entry=config.entry), {}
+            yield lambda: OpenAITarget(api.url, _large(config), entry=_entry(config)), {}
         finally:
             api.stop(grace_s=5)
             server.stop()
@@ -103,17 +121,17 @@ def tokenrouter_openai(config: TokenRouterConfig) -> Iterator[Opened]:
 @contextlib.contextmanager
 def std_serving_vllm(config: TokenRouterConfig, clients: int, codec: TextCodec,
                      end_ids: list[int]) -> Iterator[Opened]:
-    servers = {name: VllmServe(name, spec.path, spec.cpus or [index], dtype=resolve_dtype(spec, on_gpu=False),
-                               max_num_seqs=clients, max_model_len=config.max_model_len)
+    servers = {name: VllmServe(name, _path(spec), spec.cpus or [index], dtype=resolve_dtype(spec, on_gpu=False),
+                               max_num_seqs=clients, max_model_len=_max_model_len(config))
                for index, (name, spec) in enumerate(config.models.items())}
     try:
         for server in servers.values():  # one after the other: started together, one failed to start here
             server.start().wait_ready(READY_S)
-        vocab = vocab_size(config.models[config.entry].path)
+        vocab = vocab_size(_path(config.models[_entry(config)]))
         yield (lambda: VllmStdServingTarget({n: s.url for n, s in servers.items()}, create_policy(
-            config.policy.name, config.model_names, config.entry, config.policy.params, config.policy.weights),
+            config.policy.name, config.model_names, _entry(config), config.policy.params, config.policy.weights),
             large=_large(config), vocab=vocab, codec=codec,
-            end_ids=end_ids, max_model_len=config.max_model_len)), servers
+            end_ids=end_ids, max_model_len=_max_model_len(config))), servers
     finally:
         for server in servers.values():
             server.stop()
@@ -124,8 +142,8 @@ def large_alone_vllm(config: TokenRouterConfig, clients: int, cores: int,
                      end_ids: list[int]) -> Iterator[Opened]:
     large = _large(config)
     spec = config.models[large]
-    with VllmServe(large, spec.path, list(range(cores)), dtype=resolve_dtype(spec, on_gpu=False),
-                   max_num_seqs=clients, max_model_len=config.max_model_len) as server:
+    with VllmServe(large, _path(spec), list(range(cores)), dtype=resolve_dtype(spec, on_gpu=False),
+                   max_num_seqs=clients, max_model_len=_max_model_len(config)) as server:
         # entry = large: vLLM reports no share, so every token is counted as the large model's
         yield (lambda: OpenAITarget(server.url, large, model=large, entry=large,
                                     extra_body={"stop_token_ids": end_ids})), {}
@@ -158,6 +176,8 @@ def run_serving(config: TokenRouterConfig, prompts: Sequence[str], end_ids: list
                 workload: Workload, timing: Timing, *, reps: int, cores: int, systems: Sequence[str] = SYSTEMS,
                 seed: int = 0, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """``progress`` gets the result so far after every run (a long run on a shared machine keeps what it has)."""
+    if config.tokenizer_path is None:
+        raise ValueError("the config names no tokenizer")
     codec = TextCodec.from_path(config.tokenizer_path, chat_template=False)  # the prompts are rendered already
     top = max(clients)
     openers: dict[str, Opener] = {"tokenrouter": lambda: tokenrouter_openai(config),
@@ -199,7 +219,7 @@ def _one_run(name: str, rep: int, clients: int, target: Target, workload: Worklo
     result = closed_loop(target, workload, source, clients=clients, timing=timing, seed=seed + rep)
     row = {"system": name, "rep": rep, "clients": clients,
            **summarize(result.records, result.window, clients, large=target.large).as_dict(),
-           "error_samples": sorted({r.error for r in result.records if r.finish_reason == "error"})[:3]}
+           "error_samples": sorted({str(r.error) for r in result.records if r.finish_reason == "error"})[:3]}
     if isinstance(target, VllmStdServingTarget):
         report = target.call_report()
         row["calls"] = {n: call_split(before[n], s.metrics(), report[n]) for n, s in servers.items() if n in report}
