@@ -8,7 +8,7 @@ the prompt (finish "eos") or a completed stop sequence from ``stop_ids`` (finish
 sequence emitted). Token i is attributed to "echo_large" when i % 3 == 2, else "echo_small", and
 has the log probability -(i + 1) / 8 when ``return_log_probs`` is set. When streaming, every token
 is its own response (the hardest case for UTF-8 safety), with FINAL sent on the last data
-response as the real subserver must. A ``peer_message`` request (a front's cancel) is answered
+response as the real subserver must. A ``control`` request (a front's cancel) is answered
 with an empty FINAL.
 """
 
@@ -53,7 +53,7 @@ class TritonPythonModel:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for request in requests:
             sender = request.get_response_sender()
-            if pb_utils.get_input_tensor_by_name(request, "peer_message") is not None:
+            if pb_utils.get_input_tensor_by_name(request, "control") is not None:
                 sender.send(flags=final)
                 continue
             tokens, finish = echo(_ints(request, "input_ids", []), _ints(request, "max_tokens", [16])[0],

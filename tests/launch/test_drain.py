@@ -27,7 +27,7 @@ class Calls:
         self.busy_calls, self.held, self.taken, self.stall_s = busy_calls, held or [0.0], taken, stall_s
         self.drains: list[tuple[str, str, str]] = []
 
-    def control(self, model: str, command: str, reason: str, *, subserver: bool = False) -> bool:
+    def control(self, model: str, command: str, reason: str) -> bool:
         time.sleep(self.stall_s)
         self.drains.append((model, command, reason))
         self.busy_calls -= 1

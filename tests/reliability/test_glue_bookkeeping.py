@@ -19,6 +19,7 @@ from fake_pb_utils import Faults, FakeRequest, FakeSubserver, error_of, fake_pb
 from tokenrouter.protocol import PeerMessage, encode_batch
 from tokenrouter.runtime.admission import ServerBusy
 from tokenrouter.request_builder import RequestError
+from tokenrouter.serving.control import ControlCall
 from tokenrouter.serving.subserver.intake import SubserverIntake
 from tokenrouter.serving.peer_auth import front_request_parameters, peer_parameters
 from tokenrouter.serving.subserver.subserver_writer import SubserverWriter
@@ -53,6 +54,12 @@ def peer_request(faults: Faults, secret: str | None = SECRET) -> FakeRequest:
     return FakeRequest({"peer_message": np.array([[payload]], dtype=np.object_)}, parameters, faults)
 
 
+def control_request(faults: Faults, secret: str | None = SECRET, keys: tuple[str, ...] = ("key-1",)) -> FakeRequest:
+    """A front's cancel: a control call naming its requests' keys."""
+    parameters = {} if secret is None else peer_parameters(secret)
+    return FakeRequest({"control": ControlCall("cancel", keys=keys).row()}, parameters, faults)
+
+
 def _run_once(make_request, at: int, kind: type[BaseException]) -> tuple[Faults, FakeRequest, FakeSubserver]:
     faults = Faults(at, kind)
     pb = fake_pb(faults)
@@ -74,7 +81,8 @@ def _run_once(make_request, at: int, kind: type[BaseException]) -> tuple[Faults,
 
 
 @pytest.mark.parametrize("kind", EXCEPTIONS, ids=lambda k: k.__name__)
-@pytest.mark.parametrize("make_request", [client_request, front_request, peer_request], ids=["client", "front", "peer"])
+@pytest.mark.parametrize("make_request", [client_request, front_request, peer_request, control_request],
+                         ids=["client", "front", "peer", "control"])
 def test_every_fault_at_every_step_answers_once_and_unregisters(make_request, kind) -> None:
     steps = _run_once(make_request, 0, kind)[0].calls  # a clean run: how many steps there are
     assert steps >= 4
@@ -153,6 +161,60 @@ def test_a_peer_message_without_the_secret_is_refused_counted_and_not_delivered(
     assert not subserver.delivered and refused == [1]
     message, code = error_of(request.sender.finals[0])
     assert code == "INVALID_ARG" and "refused" in message
+
+
+def _intake_calls(*make_requests) -> tuple[FakeSubserver, list[FakeRequest], list[int]]:
+    """Each request in turn into one intake; what the subserver saw, the requests, the refusals counted."""
+    faults = Faults(0, RuntimeError)
+    pb = fake_pb(faults)
+    subserver = FakeSubserver(faults)
+    writer = SubserverWriter(pb, subserver, cancel_poll_s=POLL_S)
+    refused: list[int] = []
+    requests = [make(faults) for make in make_requests]
+    try:
+        intake = SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET,
+                                 on_refused_peer_call=lambda: refused.append(1))
+        for request in requests:
+            intake.execute([request])
+    finally:
+        writer.close()
+    return subserver, requests, refused
+
+
+def test_a_fronts_cancel_ends_the_request_it_named_by_key_and_is_answered() -> None:
+    subserver, (_, cancel), refused = _intake_calls(front_request, control_request)
+    (rid, _, _), = subserver.submitted
+    assert subserver.cancelled == [rid] and cancel.sender.finals == [None] and not refused
+
+
+@pytest.mark.parametrize("secret", [None, "guess"], ids=["absent", "guess"])
+def test_a_control_call_without_the_secret_is_refused_counted_and_cancels_nothing(secret: str | None) -> None:
+    subserver, (_, cancel), refused = _intake_calls(front_request, lambda faults: control_request(faults, secret))
+    assert not subserver.cancelled and refused == [1]
+    message, code = error_of(cancel.sender.finals[0])
+    assert code == "INVALID_ARG" and "'control' is for this server's own models; refused" in message
+
+
+def test_a_control_call_with_a_command_the_subserver_does_not_take_is_refused_naming_it() -> None:
+    def drain(faults: Faults) -> FakeRequest:
+        return FakeRequest({"control": ControlCall("drain").row()}, peer_parameters(SECRET), faults)
+
+    subserver, (cancel,), _ = _intake_calls(drain)
+    message, code = error_of(cancel.sender.finals[0])
+    assert code == "INVALID_ARG" and "command 'drain' is not one of cancel, shutdown" in message
+
+
+def test_a_peer_batch_is_never_read_as_a_control_call() -> None:
+    """The control parameters of old on a peer batch (with the secret) cancel nothing: only the control
+    input makes a control call."""
+    def old_cancel(faults: Faults) -> FakeRequest:
+        request = peer_request(faults)
+        request._parameters = {**peer_parameters(SECRET), "tokenrouter_control": "cancel",
+                               "tokenrouter_cancel_keys": "key-1"}
+        return request
+
+    subserver, _, _ = _intake_calls(front_request, old_cancel)
+    assert not subserver.cancelled and [m.kind for m in subserver.delivered] == ["release"]
 
 
 def test_a_client_request_to_a_model_that_is_not_the_entry_is_a_clear_invalid_arg() -> None:

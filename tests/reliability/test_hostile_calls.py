@@ -20,8 +20,8 @@ from e2e.test_serve import _descendants
 from reliability.test_cancellation import wait_until_held
 from tokenrouter.client import grpc_stream, http_generate, http_post, inputs
 from tokenrouter.protocol import PeerMessage, RequestSpec, encode_batch
-from tokenrouter.serving.peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REQUEST_KEY_PARAMETER,
-                                           SECRET_PARAMETER, new_request_key)
+from tokenrouter.serving.control import ControlCall
+from tokenrouter.serving.peer_auth import REQUEST_KEY_PARAMETER, SECRET_PARAMETER, new_request_key
 from tokenrouter.launch.processes import stub_pids
 
 
@@ -111,10 +111,11 @@ def test_forged_peer_messages_are_refused_counted_and_change_nothing(routing_ser
     _server_alive_and_serving(server)
 
 
-FORGED_PARAMETERS = [
-    {CONTROL_PARAMETER: "cancel", CANCEL_KEYS_PARAMETER: " ".join(new_request_key() for _ in range(50))},
-    {CONTROL_PARAMETER: "cancel", CANCEL_KEYS_PARAMETER: "x", SECRET_PARAMETER: "a guessed secret"},
-    {CONTROL_PARAMETER: "shutdown", SECRET_PARAMETER: ""},
+FORGED_CONTROL_CALLS = [  # (the control input, the parameters)
+    (ControlCall("cancel", keys=tuple(new_request_key() for _ in range(50))), {}),
+    (ControlCall("cancel", keys=("x",)), {SECRET_PARAMETER: "a guessed secret"}),
+    (ControlCall("shutdown"), {SECRET_PARAMETER: ""}),
+    (ControlCall("drain"), {}),
 ]
 
 
@@ -127,15 +128,15 @@ def test_forged_control_calls_and_request_keys_are_refused_counted_and_change_no
     before = metrics(server)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         victims = _start_victims(pool, server)
-        for parameters in FORGED_PARAMETERS:
+        for call, parameters in FORGED_CONTROL_CALLS:
             with pytest.raises(InferenceServerException, match="refused"):
-                _direct_stream(server.grpc_url, "slm", inputs(peer_message=b"[]"), parameters)
+                _direct_stream(server.grpc_url, "slm", {"control": call.row()}, parameters)
         with pytest.raises(InferenceServerException, match="refused"):
             _direct_stream(server.grpc_url, "slm", inputs(input_ids=[5, 6, 7], max_tokens=4),
                            {REQUEST_KEY_PARAMETER: new_request_key()})
-        for parameters in FORGED_PARAMETERS:  # the fronts take the launcher's shutdown too (the victims' front)
+        for call, parameters in FORGED_CONTROL_CALLS:  # the fronts take the launcher's calls too (the victims' front)
             with pytest.raises(InferenceServerException, match="is for this server's launcher; refused"):
-                _direct_stream(server.grpc_url, "tokenrouter", inputs(stream=False), parameters)
+                _direct_stream(server.grpc_url, "tokenrouter", {"control": call.row()}, parameters)
         assert not any(victim.done() for victim in victims), "the victims ended before the forgeries: longer ones"
         for victim in victims:
             ids, _, reason = victim.result(timeout=120)
@@ -144,7 +145,7 @@ def test_forged_control_calls_and_request_keys_are_refused_counted_and_change_no
     time.sleep(0.7)  # one metrics refresh
     after = metrics(server)
     counted = sum(after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("tokenrouter_refused_peer_calls"))
-    assert counted == len(FORGED_PARAMETERS) + 1
+    assert counted == len(FORGED_CONTROL_CALLS) + 1
     _server_alive_and_serving(server)
 
 

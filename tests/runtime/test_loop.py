@@ -7,6 +7,7 @@ about the loop, not about decoding.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -79,7 +80,8 @@ def test_a_loop_that_dies_is_observable_and_fails_its_requests(monkeypatch):
     layer could not tell the model is down."""
     engine = CountingEngine()
     server = entry(engine)
-    server.start()
+    deaths: list[tuple[str, bool]] = []  # (the thread it ran on, whether the requests had been failed by then)
+    server.start(on_death=lambda: deaths.append((threading.current_thread().name, server.died.is_set())))
     try:
         first = Sink()
         server.submit("r0", [1, 2], RequestSpec(prompt_len=2, max_tokens=3), first)
@@ -96,7 +98,11 @@ def test_a_loop_that_dies_is_observable_and_fails_its_requests(monkeypatch):
         assert stuck.done.wait(5), "the request of a dead loop never ended"
         assert stuck.finish == "error" and "a bug in the core" in stuck.error
         assert not server.alive and "a bug in the core" in server.failure
-        assert server.died.wait(5)  # what the Triton glue waits on to take the stub down
+        assert server.died.wait(5)
+        deadline = time.monotonic() + 5
+        while not deaths and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert deaths == [("subserver-a", True)]  # where the Triton glue takes the stub down, once
         assert engine.held == set()  # its KV was released
         late = Sink()
         with pytest.raises(RuntimeError, match="is down"):

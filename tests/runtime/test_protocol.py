@@ -61,3 +61,11 @@ def test_request_view_is_read_only():
         view.state["n"] = 2
     with pytest.raises(AttributeError):
         view.sampled_token = 4
+
+
+def test_request_spec_is_frozen():
+    """A request's spec travels with its first handoff and is shared by every model's copy: a change
+    on one would be a silent divergence, so none is allowed (a new spec is made with replace)."""
+    spec = RequestSpec(prompt_len=2, max_tokens=4)
+    with pytest.raises(AttributeError):
+        spec.end_ids = [0]

@@ -23,7 +23,7 @@ from tokenrouter.serving.front import entry_call
 from tokenrouter.serving.front.entry_call import EntryError, cancel_at_entry, stream_from_entry
 from tokenrouter.serving.front.front_request import Generation
 from tokenrouter.serving.peer_auth import front_request_parameters
-from tokenrouter.serving.schema import PEER_INPUT, SUBSERVER_OUTPUTS
+from tokenrouter.serving.schema import CONTROL_INPUT, SUBSERVER_OUTPUTS
 from tokenrouter.serving.subserver.intake import SubserverIntake
 from tokenrouter.serving.subserver.subserver_writer import SubserverWriter
 
@@ -142,7 +142,7 @@ def test_cancel_at_entry_ends_the_requests_the_front_named(entry_factory) -> Non
     front_pb = fake_pb(answer=entry.answer)
     cancel_at_entry(front_pb, "slm", SECRET, ["key-0", "key-2", "key-gone"])
     [call] = front_pb.bls_calls
-    assert set(call.inputs) == {PEER_INPUT} and call.outputs == []
+    assert set(call.inputs) == {CONTROL_INPUT} and call.outputs == []
     assert sorted(entry.subserver.cancelled) == ["slm-0", "slm-2"]
     with pytest.raises(EntryError, match="refused"):
         cancel_at_entry(front_pb, "slm", "guess", ["key-1"])

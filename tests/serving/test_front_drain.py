@@ -17,16 +17,20 @@ import pytest
 
 from fake_pb_utils import FakeSender, error_of, fake_pb
 
+from tokenrouter.serving.control import ControlCall
 from tokenrouter.serving.front.front_writer import FrontWriter
-from tokenrouter.serving.peer_auth import control_parameters
+from tokenrouter.serving.peer_auth import peer_parameters
 
 SECRET = "s" * 43
 REASON = "the server is restarting to apply a configuration change; try again in a moment"
 
 
-def request(parameters: dict[str, str], sender: FakeSender) -> SimpleNamespace:
+def request(parameters: dict[str, str], sender: FakeSender, control: ControlCall | None = None) -> SimpleNamespace:
+    """A client's request (no inputs), or with ``control`` a control call."""
+    tensors = {} if control is None else {"control": SimpleNamespace(as_numpy=control.row)}
     return SimpleNamespace(get_response_sender=lambda: sender, parameters=lambda: json.dumps(parameters),
-                           inputs=lambda: [], requested_output_names=lambda: [], request_id=lambda: "")
+                           tensors=tensors, inputs=lambda: [], requested_output_names=lambda: [],
+                           request_id=lambda: "")
 
 
 def answer(writer: FrontWriter, sender: FakeSender) -> Any:
@@ -42,6 +46,7 @@ def answer(writer: FrontWriter, sender: FakeSender) -> Any:
 @pytest.fixture
 def front(monkeypatch: pytest.MonkeyPatch):
     pb = fake_pb()
+    pb.get_input_tensor_by_name = lambda request, name: request.tensors.get(name)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
     monkeypatch.delitem(sys.modules, "tokenrouter.serving.front.front_model", raising=False)
     from tokenrouter.serving.front import front_model
@@ -59,7 +64,7 @@ def front(monkeypatch: pytest.MonkeyPatch):
 
 def test_after_a_drain_call_a_new_request_is_refused_with_its_reason_and_never_parsed(front) -> None:
     caller = FakeSender()
-    front._take(request(control_parameters(SECRET, "drain", REASON), caller))
+    front._take(request(peer_parameters(SECRET), caller, ControlCall("drain", REASON)))
     assert error_of(answer(front.writer, caller)) is None  # nothing live: drained
     client = FakeSender()
     front._take(request({}, client))
@@ -70,12 +75,27 @@ def test_after_a_drain_call_a_new_request_is_refused_with_its_reason_and_never_p
 @pytest.mark.parametrize("command", ["drain", "shutdown", "load"])
 def test_a_control_call_without_the_secret_is_refused_and_changes_nothing(front, command: str) -> None:
     caller = FakeSender()
-    front._take(request(control_parameters("a guess", command, REASON), caller))
+    front._take(request(peer_parameters("a guess"), caller, ControlCall(command, REASON)))
     message, code = error_of(answer(front.writer, caller))
     assert code == "INVALID_ARG" and "refused" in message
     assert front.draining is None
     front._take(request({}, FakeSender()))
     assert len(front.parsed) == 1  # still taken
+
+
+@pytest.mark.parametrize("command", ["load", "cancel"])
+def test_a_control_call_with_a_command_a_front_does_not_take_is_refused_naming_it(front, command: str) -> None:
+    caller = FakeSender()
+    front._take(request(peer_parameters(SECRET), caller, ControlCall(command, REASON)))
+    message, code = error_of(answer(front.writer, caller))
+    assert code == "INVALID_ARG" and f"command '{command}' is not one of drain, shutdown" in message
+    assert front.draining is None
+
+
+def test_a_client_request_with_the_control_parameters_of_old_is_a_request_not_a_control_call(front) -> None:
+    """Only the control input makes a control call: parameters alone (even with the secret) never do."""
+    front._take(request({**peer_parameters(SECRET), "tokenrouter_control": "drain"}, FakeSender()))
+    assert front.draining is None and len(front.parsed) == 1
 
 
 def test_the_drain_call_says_busy_while_a_request_is_live_and_done_once_it_ended() -> None:

@@ -263,14 +263,14 @@ def test_every_front_declares_tensorrt_llms_whole_interface(front: str, tmp_path
 def test_tensorrt_llm_declares_the_core_model_tensors_in_the_fronts_mode(tmp_path: Path, decoupled: bool) -> None:
     """TensorRT-LLM's core model: its inputs and outputs, every input optional (the model names a missing
     one), decoupled or unary as the fronts (TensorRT-LLM's ``decoupled: ${decoupled_mode}``)."""
-    from tokenrouter.serving.schema import CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS
+    from tokenrouter.serving.schema import CONTROL_INPUT, CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS
 
     raw = rich_config(tmp_path)
     raw["frontend"] = {"decoupled": decoupled, "max_batch_size": 4}
     config = read_model_config(render_repository(raw, tmp_path / "repo") / "tensorrt_llm")
     assert config.model_transaction_policy.decoupled == decoupled and config.backend == "python"
     assert config.max_batch_size == 4 and not any(t.optional is False for t in config.input)
-    assert [t.name for t in config.input] == list(CORE_MODEL_INPUTS)
+    assert [t.name for t in config.input] == [*CORE_MODEL_INPUTS, CONTROL_INPUT]  # the launcher's calls
     assert [t.name for t in config.output] == list(CORE_MODEL_OUTPUTS)
     assert config.parameters["one_token_per_response"].string_value == "true"
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal, Protocol, overload
 MessageKind = Literal["handoff", "progress", "ended", "release", "active", "estimates"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class RequestSpec:
     """The immutable part of a request, sent with its first visit to a model."""
 

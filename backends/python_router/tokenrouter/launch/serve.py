@@ -270,7 +270,7 @@ def _drain(launch: _Launch, stop: _Stop) -> None:
         reason = f"the server is shutting down; the request did not finish within {timeout_s:g} s"
         print("tokenrouter serve: drain timed out; ending the requests still in flight", file=sys.stderr)
         for door in doors:  # their clients, also those whose request has not reached the entry
-            server.control.end_in_flight(door, reason, subserver=False)
+            server.control.end_in_flight(door, reason)
         if entry is not None:
             server.control.end_in_flight(entry, reason)
         server.control.drain(doors, ENDING_GRACE_S, entry)  # their errors reach the clients through the fronts

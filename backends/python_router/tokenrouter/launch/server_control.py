@@ -9,9 +9,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from tokenrouter.serving.peer_auth import control_parameters
-from tokenrouter.serving.repository import CORE_MODEL
-from tokenrouter.serving.schema import PEER_INPUT
+from tokenrouter.serving.control import ControlCall
+from tokenrouter.serving.peer_auth import peer_parameters
+from tokenrouter.serving.schema import CONTROL_INPUT
 
 # The entry subserver's gauges of the requests it holds, and how long they must read 0 for a drain
 # to be over (the metrics refresh every 0.5 s)
@@ -70,34 +70,27 @@ class ServerControl:
         values = [float(line.rsplit(" ", 1)[1]) for line in page.splitlines() if line.split(" ", 1)[0] in wanted]
         return sum(values) if len(values) == len(wanted) else None
 
-    def end_in_flight(self, model: str, reason: str, *, subserver: bool = True) -> bool:
-        """Tell ``model`` to end every request in flight with an error saying ``reason``: the entry
-        subserver (``subserver``) or a front. Returns whether it was taken."""
-        return self.call(model, "shutdown", reason, subserver=subserver)
+    def end_in_flight(self, model: str, reason: str) -> bool:
+        """Tell ``model`` (a front, the core model or the entry subserver) to end every request in flight
+        with an error saying ``reason``. Returns whether it was taken."""
+        return self.call(model, "shutdown", reason)
 
-    def call(self, model: str, command: str, reason: str, *, subserver: bool = False) -> bool:
-        """An authenticated control call (serving/peer_auth.py) to ``model``: the entry subserver
-        (``subserver``), whose control calls travel as a ``peer_message``, or a front, which reads
-        the control parameters before any input (Triton refuses a request with none: one is sent).
-        Whether it answered without an error within CALL_TIMEOUT_S."""
+    def call(self, model: str, command: str, reason: str) -> bool:
+        """An authenticated control call (serving/control.py) to ``model``, a front or the entry subserver,
+        on the ``control`` input they all declare. Whether it answered without an error within CALL_TIMEOUT_S."""
         import queue
 
-        import numpy as np
         import tritonclient.grpc as grpcclient
 
-        # an input the model declares: the entry's peer input, else a flag (TensorRT-LLM's core model names it
-        # ``streaming``, the fronts ``stream``); what it says is never read
-        name, datatype, value = (PEER_INPUT, "BYTES", np.array([[b"[]"]], dtype=np.object_)) if subserver else \
-            ("streaming" if model == CORE_MODEL else "stream", "BOOL", np.array([[False]]))
-        payload = grpcclient.InferInput(name, [1, 1], datatype)
-        payload.set_data_from_numpy(value)
+        payload = grpcclient.InferInput(CONTROL_INPUT, [1, 1], "BYTES")
+        payload.set_data_from_numpy(ControlCall(command, reason).row())
         answers: queue.Queue = queue.Queue()
         client = None
         try:
             client = grpcclient.InferenceServerClient(self.grpc_url)
             client.start_stream(callback=lambda result, error: answers.put(error))
             client.async_stream_infer(model, [payload], enable_empty_final_response=True,
-                                      parameters=control_parameters(self.secret, command, reason))
+                                      parameters=peer_parameters(self.secret))
             return answers.get(timeout=CALL_TIMEOUT_S) is None
         except Exception:  # noqa: BLE001 - the server may be gone or stalled; the caller goes on
             return False

@@ -155,7 +155,7 @@ class Supervisor:
         """Every live model that holds client requests ends them with ``reason``: the fronts (their
         clients learn it even when the entry is the model that died) and the entry (its own clients,
         and it frees their KV). Whether any did."""
-        ended = [self.server.control.end_in_flight(front, reason, subserver=False)
+        ended = [self.server.control.end_in_flight(front, reason)
                  for front in self._fronts if front not in dead]
         if self._entry is not None and self._entry not in dead:
             ended.append(self.server.control.end_in_flight(self._entry, reason))

@@ -16,12 +16,13 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Sequence
+from typing import Callable, Sequence
 
 from ..engine.base import Engine, EngineLost
 from ..protocol import PeerMessage, RequestSpec
 from .core import SubserverCore
 from .effects import Batch, Effect, Emit, Release, Routed, Send
+from .inbox import Cancelled, Delivered, Event, Failed, PeerLost, Submitted, Wake
 from .observers import StepLog, StepObserver, StepRecord
 from .request import ClientSink, Submission
 from .strategies import Strategy
@@ -42,7 +43,7 @@ class Subserver:
         self.observers = list(observers)
         self.failure: str | None = None  # why the loop died, if it did
         self.died = threading.Event()  # set once a dead loop has failed its requests
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: queue.Queue[Event] = queue.Queue()
         self._queue_lock = threading.Lock()  # guards the admission bound (see ``submit``)
         self._submits_in_inbox = 0
         self._stopped = False
@@ -71,14 +72,17 @@ class Subserver:
         return next((o for o in self.observers if isinstance(o, StepLog)), None)
 
     # --- thread-safe entry points -------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"subserver-{self.name}", daemon=True)
+    def start(self, on_death: Callable[[], None] = lambda: None) -> None:
+        """``on_death()`` runs on the loop's thread if the loop dies, once it failed its requests (the
+        Triton glue takes its stub down there, with no thread of its own waiting for it)."""
+        self._thread = threading.Thread(target=self._run, args=(on_death,), name=f"subserver-{self.name}",
+                                        daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopped = True
         self.strategy.stop()
-        self._inbox.put(("wake", None))
+        self._inbox.put(Wake())
         if self._thread is not None:
             self._thread.join(timeout)
         for observer in self.observers:
@@ -89,7 +93,7 @@ class Subserver:
             for observer in self.observers:
                 observer.on_estimates(message)
             return
-        self._put("message", message)
+        self._put(Delivered(message))
 
     def submit(self, rid: str, prompt_ids: list[int], spec: RequestSpec, sink: ClientSink) -> None:
         """Queue a client request (entry only). Raises at once RequestError for bad input and
@@ -102,30 +106,30 @@ class Subserver:
         with self._queue_lock:
             self.core.check_room(self._submits_in_inbox)
             self._submits_in_inbox += 1
-        self._put("submit", Submission(rid, list(prompt_ids), spec, sink, submitted_at=time.monotonic()))
+        self._put(Submitted(Submission(rid, list(prompt_ids), spec, sink, submitted_at=time.monotonic())))
 
     def cancel(self, rid: str) -> None:
-        self._put("cancel", rid)
+        self._put(Cancelled(rid))
 
     def peer_lost(self, peer: str, error: str) -> None:
         """``peer`` is unreachable: the requests that cannot go on without it end with ``error``."""
-        self._put("peer_lost", (peer, error))
+        self._put(PeerLost(peer, error))
 
     def fail(self, rid: str, error: str) -> None:
         """End a request with an error from outside the loop (e.g. its handoff could not be sent)."""
-        self._put("fail", (rid, error))
+        self._put(Failed(rid, error))
 
     def has_work(self) -> bool:
         return self.core.has_work() or not self._inbox.empty()
 
-    def _put(self, kind: str, payload: Any) -> None:
-        self._inbox.put((kind, payload))
+    def _put(self, event: Event) -> None:
+        self._inbox.put(event)
         self.strategy.notify_work()
         if self.failure is not None:  # the loop died after the caller looked: answer it here
             self._fail_queued()
 
     # --- the decoding loop --------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, on_death: Callable[[], None]) -> None:
         try:
             self._loop()
         except BaseException as exc:  # noqa: BLE001  (a bug: make it visible and fail the requests)
@@ -133,6 +137,7 @@ class Subserver:
             self.failure = f"{type(exc).__name__}: {exc}"
             self._fail_everything(f"subserver '{self.name}' failed: {self.failure}")
             self.died.set()
+            on_death()
             return
         self._apply(self.core.shutdown("the server is shutting down"))
 
@@ -156,27 +161,30 @@ class Subserver:
         except queue.Empty:
             return
         while True:
-            self._handle(*event)
+            self._handle(event)
             try:
                 event = self._inbox.get_nowait()
             except queue.Empty:
                 return
 
-    def _handle(self, kind: str, payload: Any) -> None:
+    def _handle(self, event: Event) -> None:
         now = time.monotonic()
-        if kind == "message":
-            self._apply(self.core.on_message(payload, now))
-        elif kind == "submit":
-            with self._queue_lock:
-                self._submits_in_inbox -= 1
-                effects = self.core.submit(payload, now)
-            self._apply(effects)
-        elif kind == "cancel":
-            self._apply(self.core.cancel(payload, now))
-        elif kind == "fail":
-            self._apply(self.core.fail(*payload, now))
-        elif kind == "peer_lost":
-            self._apply(self.core.peer_lost(*payload, now))
+        match event:
+            case Delivered(message):
+                self._apply(self.core.on_message(message, now))
+            case Submitted(submission):
+                with self._queue_lock:
+                    self._submits_in_inbox -= 1
+                    effects = self.core.submit(submission, now)
+                self._apply(effects)
+            case Cancelled(rid):
+                self._apply(self.core.cancel(rid, now))
+            case Failed(rid, error):
+                self._apply(self.core.fail(rid, error, now))
+            case PeerLost(peer, error):
+                self._apply(self.core.peer_lost(peer, error, now))
+            case Wake():
+                pass
 
     def _execute(self, batch: Batch) -> None:
         for row in batch.rows:
@@ -239,7 +247,7 @@ class Subserver:
         except Exception:
             log.exception("%s: the client sink of %s failed; cancelling it", self.name, effect.rid)
             if effect.finish_reason is None:
-                self._inbox.put(("cancel", effect.rid))
+                self._inbox.put(Cancelled(effect.rid))
 
     def _fail_everything(self, error: str) -> None:
         try:
@@ -258,11 +266,11 @@ class Subserver:
         """Answer every submission still in the inbox with the loop's failure."""
         while True:
             try:
-                kind, payload = self._inbox.get_nowait()
+                event = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "submit":
+            if isinstance(event, Submitted):
                 try:
-                    payload.sink.on_output([], [], "error", f"subserver '{self.name}' failed: {self.failure}")
+                    event.submission.sink.on_output([], [], "error", f"subserver '{self.name}' failed: {self.failure}")
                 except Exception:
-                    log.exception("%s: the client sink of %s failed", self.name, payload.rid)
+                    log.exception("%s: the client sink of %s failed", self.name, event.submission.rid)

@@ -51,8 +51,9 @@ text/  the standalone text models' stubs (``preprocessing``, ``postprocessing``)
     input_limits.py     input_byte_cap      how much text and how many ids a request may carry
 
 top  shared by the processes above (and the launcher, and clients for the schema)
-    schema.py           CLIENT_INPUTS, ...  every tensor's name, dtype, dims; PEER_INPUT, PREFIX_TOKENS
-    peer_auth.py        server_secret       the per-start secret, request keys, control parameters; private files
+    schema.py           CLIENT_INPUTS, ...  every tensor's name, dtype, dims; PEER_INPUT, CONTROL_INPUT, PREFIX_TOKENS
+    peer_auth.py        server_secret       the per-start secret, request keys; private files
+    control.py          ControlCall         control calls (cancel, drain, shutdown) on their own input, ``control``
     pair_secret.py      pair_secret         the secret the servers of one deployment share (several servers)
     error_codes.py      code_name           Triton error codes by name, for errors sent as data
     triton_api.py       PbUtils, ...        the Triton Python-backend API the glue uses, as Protocols (and the

@@ -26,12 +26,9 @@ from typing import Any
 from ..procfs import proc_stat
 
 SECRET_PARAMETER = "tokenrouter_peer_secret"
-CONTROL_PARAMETER = "tokenrouter_control"
-REASON_PARAMETER = "tokenrouter_reason"
 # A front names each request it sends the entry by a key of its own choosing (new_request_key),
-# passed with the secret; a "cancel" control call names the keys to end.
+# passed with the secret; a "cancel" control call (control.py) names the keys to end.
 REQUEST_KEY_PARAMETER = "tokenrouter_request_key"
-CANCEL_KEYS_PARAMETER = "tokenrouter_cancel_keys"
 
 
 def new_secret() -> str:
@@ -94,24 +91,13 @@ def _remove_secrets_of_dead_servers(folder: Path) -> None:
 
 
 def peer_parameters(secret: str) -> dict[str, str]:
-    """The BLS request parameters that authenticate a peer message."""
+    """The request parameters that authenticate a peer message or a control call (control.py)."""
     return {SECRET_PARAMETER: secret}
-
-
-def control_parameters(secret: str, command: str, reason: str) -> dict[str, str]:
-    """Parameters of a control call from the launcher (which reads the secret as the stubs do).
-    ``shutdown``: end every request in flight with an error that says ``reason``."""
-    return {**peer_parameters(secret), CONTROL_PARAMETER: command, REASON_PARAMETER: reason}
 
 
 def front_request_parameters(secret: str, key: str) -> dict[str, str]:
     """Parameters of a front's request to the entry subserver: the secret and the request's key."""
     return {**peer_parameters(secret), REQUEST_KEY_PARAMETER: key}
-
-
-def cancel_parameters(secret: str, keys: list[str]) -> dict[str, str]:
-    """Parameters of a front's control call that cancels the requests it named ``keys``."""
-    return {**peer_parameters(secret), CONTROL_PARAMETER: "cancel", CANCEL_KEYS_PARAMETER: " ".join(keys)}
 
 
 def request_parameters(request: Any) -> dict[str, Any] | None:

@@ -38,10 +38,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..config import ConfigError, FrontendSpec, ModelSpec, TokenRouterConfig, load_config
 from ..placement import node_models
 from ..runtime.strategies import MULTI_PROCESS
-from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS, EXCLUDE_INPUT,
-                     ONE_TOKEN_PER_RESPONSE, OUT_OF_VOCABULARY, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
-                     PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, ROUTING_POLICY_OUTPUTS, SUBSERVER_INPUTS,
-                     SUBSERVER_OUTPUTS, Tensor)
+from .schema import (CLIENT_INPUTS, CLIENT_OUTPUTS, CONTROL_INPUTS, CORE_MODEL_INPUTS, CORE_MODEL_OUTPUTS,
+                     EXCLUDE_INPUT, ONE_TOKEN_PER_RESPONSE, OUT_OF_VOCABULARY, POSTPROCESSING_INPUTS,
+                     POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, ROUTING_POLICY_OUTPUTS,
+                     SUBSERVER_INPUTS, SUBSERVER_OUTPUTS, Tensor)
 
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
@@ -231,7 +231,8 @@ def write_core_model(repo_dir: Path, name: str, parameters: Mapping[str, Any], *
                      max_batch_size: int) -> Path:
     """TensorRT-LLM's core model (front/core_model.py) under ``name``: a front's ``parameters``, TensorRT-LLM's
     core tensors, every input optional (the model names a missing one, as a front does)."""
-    config = model_config(name, backend="python", max_batch_size=max_batch_size, inputs=CORE_MODEL_INPUTS.values(),
+    config = model_config(name, backend="python", max_batch_size=max_batch_size,
+                          inputs=[*CORE_MODEL_INPUTS.values(), *CONTROL_INPUTS.values()],
                           outputs=CORE_MODEL_OUTPUTS.values(), parameters={**parameters, "role": "core_model"},
                           decoupled=decoupled, required=frozenset())
     return write_model(repo_dir, config, {"model.py": _shim("tokenrouter.serving.front.core_model")})
@@ -243,7 +244,8 @@ def write_front(repo_dir: Path, name: str, parameters: Mapping[str, Any], *, dec
     threads of its own), decoupled or unary (``decoupled: ${decoupled_mode}`` in TensorRT-LLM).
     ``parameters``: ``entry`` and the text parameters (tokenizer, chat_template, max_model_len,
     max_input_bytes), as another front's config.pbtxt holds them."""
-    config = model_config(name, backend="python", max_batch_size=max_batch_size, inputs=CLIENT_INPUTS.values(),
+    config = model_config(name, backend="python", max_batch_size=max_batch_size,
+                          inputs=[*CLIENT_INPUTS.values(), *CONTROL_INPUTS.values()],
                           outputs=CLIENT_OUTPUTS.values(), parameters={**parameters, "role": "front"},
                           decoupled=decoupled)
     return write_model(repo_dir, config, {"model.py": _shim("tokenrouter.serving.front.front_model")})

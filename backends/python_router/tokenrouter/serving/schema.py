@@ -132,6 +132,10 @@ CLIENT_OUTPUTS = _tensors(
     ("large_model_share", "FP32", ONE),  # of all output so far: tokens not from the entry model
 )
 
+# --- control calls (control.py): every subserver, front and core model declares this input ------
+CONTROL_INPUT = "control"
+CONTROL_INPUTS = _tensors((CONTROL_INPUT, "BYTES", ONE))
+
 # --- the subserver interface (token level; the front calls the entry subserver with it) ---------
 SUBSERVER_INPUTS = _tensors(
     ("input_ids", "INT32", ANY),
@@ -151,10 +155,10 @@ SUBSERVER_INPUTS = _tensors(
     ("bad_ids", "INT32", ANY),  # bad-word sequences, the same way
     ("logit_bias_ids", "INT32", ANY),  # with logit_bias_weights: (token id, added to its logit) pairs
     ("logit_bias_weights", "FP32", ANY),
-    ("peer_message", "BYTES", ONE),  # subserver to subserver, and control calls (peer_auth.py)
-)
+    ("peer_message", "BYTES", ONE),  # subserver to subserver (peer_auth.py, peer_sessions.py)
+) | CONTROL_INPUTS
 NO_END_ID = -1  # end_id [-1]: the generation ends by length or a stop word only (TensorRT-LLM's end_id -1)
-PEER_INPUT = "peer_message"  # the one a peer message or a control call travels in (no other input with it)
+PEER_INPUT = "peer_message"  # the one a batch of peer messages travels in (no other input with it)
 # How many of the tokens emitted before a chunk travel with it as prefix_ids: a character has at
 # most 4 bytes, so a held-back partial character always fits (text/detokenize.py).
 PREFIX_TOKENS = 8

@@ -20,9 +20,10 @@ from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
+from ..control import ControlCall
 from ..error_codes import code_of
-from ..peer_auth import cancel_parameters
-from ..schema import PEER_INPUT, SUBSERVER_INPUTS
+from ..peer_auth import peer_parameters
+from ..schema import CONTROL_INPUT
 from ..text.entry_chunk import EntryChunk
 from ..triton_api import BlsResponse, PbUtils
 
@@ -86,9 +87,9 @@ def _chunks(pb_utils: PbUtils, responses: Iterable[BlsResponse]) -> Iterator[Ent
 
 def cancel_at_entry(pb_utils: PbUtils, entry: str, secret: str, keys: list[str]) -> None:
     """End the entry's requests that a front named ``keys`` (each then answers 'cancelled')."""
-    payload = SUBSERVER_INPUTS[PEER_INPUT].row(b"[]")
-    request = pb_utils.InferenceRequest(model_name=entry, inputs=[pb_utils.Tensor(PEER_INPUT, payload)],
-                                        requested_output_names=[], parameters=cancel_parameters(secret, keys))
+    call = ControlCall("cancel", keys=tuple(keys))
+    request = pb_utils.InferenceRequest(model_name=entry, inputs=[pb_utils.Tensor(CONTROL_INPUT, call.row())],
+                                        requested_output_names=[], parameters=peer_parameters(secret))
     for response in request.exec(decoupled=True):
         if response.has_error():
             raise EntryError(response.error().message(), pb_utils.TritonError.INTERNAL)

@@ -30,9 +30,9 @@ import triton_python_backend_utils as pb_utils
 from ...request_builder import RequestError
 from ..cpu_sampler import CpuSampler
 from ..error_codes import ERROR_CODES_PARAMETER
-from ..peer_auth import (CONTROL_PARAMETER, REASON_PARAMETER, carries_secret, front_request_parameters,
-                         new_request_key, request_parameters, server_secret)
-from ..schema import EXCLUDE_INPUT, ONE_TOKEN_PER_RESPONSE
+from ..control import ControlCall
+from ..peer_auth import carries_secret, front_request_parameters, new_request_key, request_parameters, server_secret
+from ..schema import CONTROL_INPUT, EXCLUDE_INPUT, ONE_TOKEN_PER_RESPONSE
 from ..text.text_inputs import TextInputs
 from ..text.tokenizer_stub import load_codec, model_parameters, parse_bool
 from ..triton_api import InferenceRequest, ResponseSender
@@ -74,8 +74,9 @@ class TritonPythonModel:
     def _take(self, request: InferenceRequest) -> None:
         sender = request.get_response_sender()
         parameters = request_parameters(request) or {}
-        if CONTROL_PARAMETER in parameters:
-            self._control(sender, parameters)
+        control = pb_utils.get_input_tensor_by_name(request, CONTROL_INPUT)
+        if control is not None:
+            self._control(sender, parameters, control.as_numpy())
             return
         coded = bool(parameters.get(ERROR_CODES_PARAMETER))
         if self.draining is not None:
@@ -106,19 +107,23 @@ class TritonPythonModel:
         """What turns the entry's chunks of ``generation`` into the client's responses."""
         return GenerationOutput(self.text.codec, generation)
 
-    def _control(self, sender: ResponseSender, parameters: dict[str, Any]) -> None:
-        """The launcher's calls (with this server start's secret), each with a reason that says to retry:
-        ``drain`` refuses every new request from now on and answers whether any is still in flight (the
-        launcher asks again until none is: Triton 2.51 cannot unload a front that clients keep streams
-        open to, so a drain is this state, not an unload); ``shutdown`` ends every request in flight.
-        Anything else naming the control parameter is refused."""
-        command = parameters[CONTROL_PARAMETER]
-        if not carries_secret(parameters, self.secret) or command not in ("drain", "shutdown"):
-            self.writer.reject(sender, f"'{CONTROL_PARAMETER}' is for this server's launcher; refused",
+    def _control(self, sender: ResponseSender, parameters: dict[str, Any], value: np.ndarray) -> None:
+        """The launcher's control calls (control.py, with this server start's secret), each with a reason that
+        says to retry: ``drain`` refuses every new request from now on and answers whether any is still in
+        flight (the launcher asks again until none is: Triton 2.51 cannot unload a front that clients keep
+        streams open to, so a drain is this state, not an unload); ``shutdown`` ends every request in flight.
+        Without the secret the input is not even read."""
+        if not carries_secret(parameters, self.secret):
+            self.writer.reject(sender, f"'{CONTROL_INPUT}' is for this server's launcher; refused",
                                pb_utils.TritonError.INVALID_ARG)
             return
-        reason = str(parameters.get(REASON_PARAMETER) or "the server is shutting down")
-        if command == "drain":
+        try:
+            call = ControlCall.read(value, accepted=("drain", "shutdown"))
+        except RequestError as exc:
+            self.writer.reject(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
+            return
+        reason = call.reason or "the server is shutting down"
+        if call.command == "drain":
             self.draining = reason
             self.writer.answer_drained(sender)
         else:

@@ -1,12 +1,12 @@
 """A subserver model's Triton requests in: each gets exactly one final answer, whatever raises.
 
-Two kinds of request reach a subserver model: a prompt (``input_ids`` and sampling inputs, entry
-model only), from a front model or from a client that tokenizes itself, and peer messages from the
-other subservers of this server or control calls (``peer_message``, authenticated by the server's
-secret, see peer_auth.py), or from a subserver on another server of the deployment (a link call,
-authenticated by the pair secret and put in order by peer_sessions.py). A front names its prompt by a
-key (with the secret) so that its control call can cancel it: Triton does not pass a client's
-cancellation on to a BLS request.
+Three kinds of request reach a subserver model: a prompt (``input_ids`` and sampling inputs, entry
+model only) from a front model; peer messages (``peer_message``) from the other subservers of this
+server (authenticated by the server's secret, see peer_auth.py) or from a subserver on another server
+of the deployment (a link call, authenticated by the pair secret and put in order by
+peer_sessions.py); and control calls (``control``, control.py: a front's cancel, the launcher's
+shutdown), with the server's secret. A front names its prompt by a key (with the secret) so that its
+cancel can name it: Triton does not pass a client's cancellation on to a BLS request.
 
 The bookkeeping rule that keeps Triton alive: a response sender is registered with the writer
 (which polls it for cancellation) only while the subserver owns the request. If anything raises
@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -27,9 +28,9 @@ import numpy as np
 from ...protocol import RequestSpec, decode_batch
 from ...runtime.admission import ServerBusy
 from ...request_builder import RequestError, build_spec
-from ..peer_auth import (CANCEL_KEYS_PARAMETER, CONTROL_PARAMETER, REASON_PARAMETER, REQUEST_KEY_PARAMETER,
-                         carries_secret, request_parameters)
-from ..schema import NO_END_ID, ONE_TOKEN_PER_RESPONSE, PEER_INPUT, SPEC_SCALARS, split_sequences
+from ..control import ControlCall
+from ..peer_auth import REQUEST_KEY_PARAMETER, carries_secret, request_parameters
+from ..schema import CONTROL_INPUT, NO_END_ID, ONE_TOKEN_PER_RESPONSE, PEER_INPUT, SPEC_SCALARS, split_sequences
 from .peer_sessions import LINK_PARAMETER, LinkRefused, PeerSessions
 from .subserver_writer import SubserverWriter
 from .triton_sink import TritonSink
@@ -67,7 +68,10 @@ class SubserverIntake:
             log.exception("%s: a request came without a response sender", self._subserver.name)
             return
         try:
-            if self._pb.get_input_tensor_by_name(request, PEER_INPUT) is not None:
+            if self._pb.get_input_tensor_by_name(request, CONTROL_INPUT) is not None:
+                self._take_control(request)
+                sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            elif self._pb.get_input_tensor_by_name(request, PEER_INPUT) is not None:
                 self._take_peer_messages(request)
                 sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:
@@ -94,15 +98,20 @@ class SubserverIntake:
                 raise
         else:
             self._refuse_without_secret(parameters, PEER_INPUT)
-            control = parameters.get(CONTROL_PARAMETER)
-            if control == "shutdown":
-                self._end_all(str(parameters.get(REASON_PARAMETER) or "the server is shutting down"))
-            elif control == "cancel":
-                for rid in self._writer.rids_of(str(parameters.get(CANCEL_KEYS_PARAMETER, "")).split()):
-                    self._subserver.cancel(rid)
             batch = messages()
         for message in batch:
             self._subserver.deliver(message)
+
+    def _take_control(self, request: Any) -> None:
+        """A front's ``cancel`` (the requests it named by their keys) or the launcher's ``shutdown``."""
+        self._refuse_without_secret(request_parameters(request) or {}, CONTROL_INPUT)
+        call = ControlCall.read(self._pb.get_input_tensor_by_name(request, CONTROL_INPUT).as_numpy(),
+                                accepted=("cancel", "shutdown"))
+        if call.command == "shutdown":
+            self._end_all(call.reason or "the server is shutting down")
+        else:
+            for rid in self._writer.rids_of(list(call.keys)):
+                self._subserver.cancel(rid)
 
     def _refuse_without_secret(self, parameters: dict[str, Any], what: str) -> None:
         """Calls that need this server's secret: refused (and counted) without it."""
@@ -146,9 +155,9 @@ class SubserverIntake:
             raise RequestError(f"one prompt per request, got a batch of {prompt.shape[0]}")
         spec = self._spec(request, int(prompt.size))
         if spec.end_ids == [NO_END_ID]:
-            spec.end_ids = []
+            spec = replace(spec, end_ids=[])
         elif not spec.end_ids:
-            spec.end_ids = sorted(self._subserver.engine.eos_token_ids)
+            spec = replace(spec, end_ids=sorted(self._subserver.engine.eos_token_ids))
         _refuse_a_fully_banned_vocabulary(spec.bad_sequences, self._subserver.engine.vocab_size)
         stream = self._scalar(request, "stream", False)
         rid = f"{self._subserver.name}-{self._start}-{next(self._ids)}"

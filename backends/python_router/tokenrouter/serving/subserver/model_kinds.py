@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -115,15 +114,13 @@ class SubserverModel:
         self._intake = SubserverIntake(pb_utils, self.subserver, self._writer, config.model_names, secret,
                                        on_refused_peer_call=self._metrics.count_refused_peer_call,
                                        remote=sessions, not_whole=self._transport.problem)
-        self.subserver.start()
-        threading.Thread(target=self._exit_when_the_loop_dies, name="loop-watchdog", daemon=True).start()
+        self.subserver.start(on_death=self._exit_now_the_loop_died)
 
-    def _exit_when_the_loop_dies(self) -> None:
+    def _exit_now_the_loop_died(self) -> None:
         """A dead loop has failed its requests, but Triton 2.51 gives a Python model no way to say it
         is unhealthy: the model would stay READY and take requests it can only refuse. So once the
-        error responses are out, the stub ends itself; the launcher's supervisor sees a dead stub,
-        takes the server down and starts it again (docs/reliability.md)."""
-        self.subserver.died.wait()
+        error responses are out, the stub ends itself (on the dead loop's thread); the launcher's
+        supervisor sees a dead stub, takes the server down and starts it again (docs/reliability.md)."""
         self._writer.close()  # sends what is queued (the requests' errors) first
         log.critical("model %s: the subserver loop died (%s); ending this stub", self.name, self.subserver.failure)
         os._exit(LOOP_DIED_EXIT)

@@ -61,6 +61,39 @@ class _Sent:
     sent_at: float
 
 
+# The link thread's inbox: one frozen event per kind.
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """Messages to ship no earlier than ``due``, for the session ``epoch`` they were queued in."""
+
+    epoch: str
+    due: float
+    messages: list[PeerMessage]
+
+
+@dataclass(frozen=True, slots=True)
+class _Answered:
+    """The peer answered call ``number`` (None: a refusal that did not echo it) of session ``epoch``."""
+
+    epoch: str
+    number: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Close:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Broken:  # stream ``channel`` (its count) ended
+    channel: int
+    reason: str
+
+
+_Event = _Queued | _Answered | _Broken | _Close
+
+
 class PeerLink:
     def __init__(self, name: str, peer: str, address: str, open_channel: OpenChannel, *, secret: str,
                  view: dict[str, Any], down_after_s: float, delay_s: float = 0.0,
@@ -77,7 +110,7 @@ class PeerLink:
         self._heartbeat_s = down_after_s / 4
         self._on_up, self._on_down, self._on_failure = on_up, on_down, on_failure
         self._on_round_trip = on_round_trip
-        self._events: queue.Queue = queue.Queue()
+        self._events: queue.Queue[_Event] = queue.Queue()
         # written by the link thread only; send() reads them from the decoding loop's thread
         self.state = CONNECTING
         self._epoch = ""
@@ -114,11 +147,11 @@ class PeerLink:
             if any(m.kind == "handoff" for m in messages):
                 raise PeerUnreachable(self.problem or "reconnected meanwhile; try again")
             return
-        self._events.put(("send", epoch, time.monotonic() + self._delay_s, list(messages)))
+        self._events.put(_Queued(epoch, time.monotonic() + self._delay_s, list(messages)))
 
     def close(self) -> None:
         self._closed = True
-        self._events.put(("close",))
+        self._events.put(_Close())
         self._thread.join(timeout=5)
 
     # --- the link's thread --------------------------------------------------------------------------------
@@ -142,22 +175,22 @@ class PeerLink:
         if self._channel is not None:
             self._channel.close()
 
-    def _handle(self, event: tuple) -> None:
-        kind, now = event[0], time.monotonic()
-        if kind == "send":
-            _, epoch, due, messages = event
-            if epoch != self._epoch or self.state == CONNECTING:
-                self._fail_handoffs(messages, self.problem or "the session to it was lost")
-            else:
-                self._pending.append((due, messages))
-        elif kind == "answer":
-            _, epoch, number, error = event
-            if epoch == self._epoch:
-                self._on_answer(number, error, now)
-        elif kind == "broken":
-            _, channel, reason = event
-            if channel == self._channel_id and self._channel is not None:
-                self._drop_channel(f"the stream broke ({reason})", now)
+    def _handle(self, event: _Event) -> None:
+        now = time.monotonic()
+        match event:
+            case _Queued(epoch, due, messages):
+                if epoch != self._epoch or self.state == CONNECTING:
+                    self._fail_handoffs(messages, self.problem or "the session to it was lost")
+                else:
+                    self._pending.append((due, messages))
+            case _Answered(epoch, number, error):
+                if epoch == self._epoch:
+                    self._on_answer(number, error, now)
+            case _Broken(channel, reason):
+                if channel == self._channel_id and self._channel is not None:
+                    self._drop_channel(f"the stream broke ({reason})", now)
+            case _Close():
+                pass  # ``closed`` is set: the loop ends after this round
 
     def _on_answer(self, number: int | None, error: str | None, now: float) -> None:
         hello_outstanding = self._hello_sent_at is not None
@@ -214,8 +247,8 @@ class PeerLink:
     def _connect(self, now: float) -> None:
         epoch, channel = self._epoch, next(self._channels)
         try:
-            self._channel = self._open(lambda number, error: self._events.put(("answer", epoch, number, error)),
-                                       lambda reason: self._events.put(("broken", channel, reason)))
+            self._channel = self._open(lambda number, error: self._events.put(_Answered(epoch, number, error)),
+                                       lambda reason: self._events.put(_Broken(channel, reason)))
         except Exception as exc:  # noqa: BLE001 - e.g. unreadable TLS files: said, and tried again
             self._problem = f"cannot open a stream: {type(exc).__name__}: {exc}"
             self._tell(self._problem)
