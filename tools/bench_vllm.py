@@ -10,6 +10,11 @@ in a worker process of its own, so the 1.5B never shares memory with the 0.5B.
 pinned to a core each) against the large model alone on vLLM's own engine (both cores), the same
 HumanEval chat prompts, N concurrent requests, greedy, same stop ids.
 
+``serving``: what a user would run instead, each behind its OpenAI API and driven by the same
+closed-loop client: TokenRouter served (the OpenAI server beside Triton), Std. Serving on two real
+vLLM OpenAI servers with an external one-token-per-call dispatcher, and the large model alone on one
+vLLM OpenAI server with both cores (``bench/vllm_serving.py``).
+
 ``dtypes``: per model, the vLLM step engine in bfloat16 against float32, two engine
 processes of the same model side by side, reps interleaved: prefill, decode at batch 1 and 8,
 extend k = 1..4 after a pause, and how many greedy rows agree.
@@ -17,6 +22,8 @@ extend k = 1..4 after a pause, and how many greedy rows agree.
     tokenrouter bench-vllm engines --models small large --reps 3 --json results/bench_vllm_engines.json
     tokenrouter bench-vllm routing --clients 8 --requests 16 --reps 3
     tokenrouter bench-vllm dtypes --threads 1 --reps 3
+    tokenrouter bench-vllm serving --concurrency 1 4 8 --requests 164 --max-tokens 64 --reps 3 \
+        --policy random --policy-params '{"rate": 0.2}' --plot docs/benchmarks/vllm-serving.png
 """
 
 from __future__ import annotations
@@ -38,6 +45,13 @@ from tokenrouter.launch.paths import shipped_config
 
 from .bench.routing_systems import (Requests, embedded_tokenrouter, identical_rows, large_alone, served_tokenrouter,
                                    timed)
+from .bench.plots import plot_vllm_serving
+from .bench.report import machine
+from .bench.runner import Timing
+from .bench.vllm_serving import SYSTEMS as SERVING_SYSTEMS
+from .bench.vllm_serving import report as report_serving
+from .bench.vllm_serving import run_serving
+from .bench.workloads import Workload
 from .bench_engine import BATCH8_LENGTHS, BATCH1_LENGTH, RESUME_PREFIX, code_prompts, engine_generate, resume_cost
 
 BATCHES = {1: (BATCH1_LENGTH,), 8: BATCH8_LENGTHS, 16: BATCH8_LENGTHS + tuple(n + 8 for n in BATCH8_LENGTHS)}
@@ -169,13 +183,26 @@ def routing_requests(config_path: Path, count: int, max_tokens: int) -> Requests
     return Requests(ids, texts, codec.end_ids(), max_tokens)
 
 
-def routed_config(args: argparse.Namespace) -> dict[str, Any]:
+def serving(args: argparse.Namespace) -> dict[str, Any]:
+    requests = routing_requests(args.config, args.requests, args.max_tokens)
+    config = load_config(routed_config(args, max(args.concurrency)))
+    workload = Workload("short-long", (0, 0), args.max_tokens)
+    start = machine()
+    result = run_serving(config, requests.texts, requests.stop_ids, args.concurrency, workload,
+                         Timing(args.warmup_s, args.measure_s), reps=args.reps, cores=args.cores, systems=args.systems,
+                         progress=lambda partial: write_results(args.json, {"machine": start, **partial}))
+    return {"machine": start, "machine_at_end": machine(), **result}
+
+
+def routed_config(args: argparse.Namespace, clients: int | None = None) -> dict[str, Any]:
+    """The pair's config with both models on vLLM, one core each, ``clients`` (default --clients) at once."""
+    clients = clients or args.clients
     config = load_config(args.config).model_dump()
     for index, spec in enumerate(config["models"].values()):
-        spec.update(engine="vllm", block_size=32, threads=1, cpus=[index % args.cores], max_batch_size=args.clients)
+        spec.update(engine="vllm", block_size=32, threads=1, cpus=[index % args.cores], max_batch_size=clients)
         spec.pop("batch_threshold", None)
     config["policy"] = {"name": args.policy, "params": json.loads(args.policy_params), "weights": None}
-    config["scheduling"].update(max_active=args.clients)
+    config["scheduling"].update(max_active=clients)
     return config
 
 
@@ -276,7 +303,7 @@ def report_routing(r: dict) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("part", choices=("engines", "routing", "dtypes"))
+    parser.add_argument("part", choices=("engines", "routing", "dtypes", "serving"))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument("--models", nargs="+", default=["small", "large"],
@@ -297,6 +324,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="JSON; default: 10 %% of tokens to the large model")
     parser.add_argument("--cores", type=int, default=2, help="routing: cores to spread the models over")
     parser.add_argument("--served", action="store_true", help="routing: also TokenRouter served by Triton over gRPC")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8], help="serving: N, closed-loop clients")
+    parser.add_argument("--systems", nargs="+", default=list(SERVING_SYSTEMS), choices=SERVING_SYSTEMS)
+    parser.add_argument("--warmup-s", type=float, default=10.0, help="serving: before each window")
+    parser.add_argument("--measure-s", type=float, default=40.0, help="serving: each measurement window")
+    parser.add_argument("--plot", type=Path, help="serving: a PNG of throughput, TTFT and per-user speed over N")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
 
 
@@ -307,6 +339,11 @@ def run(args: argparse.Namespace) -> int:
     if args.part == "routing":
         result: Any = run_routing(args)
         print(report_routing(result))
+    elif args.part == "serving":
+        result = serving(args)
+        print(report_serving(result))
+        if args.plot:
+            plot_vllm_serving(result, args.plot)
     elif args.part == "dtypes":
         from tokenrouter_engines.models import model_dirs
 

@@ -134,3 +134,21 @@ def plot_fleet(result: dict[str, Any], path: Path) -> Path:
         ax.legend(fontsize=8)
     fig.suptitle(f"replicas of the pair behind NVIDIA Dynamo, median of {result['reps']}", fontsize=10)
     return _save(fig, path)
+
+
+def plot_vllm_serving(result: dict[str, Any], path: Path) -> Path:
+    """`bench-vllm serving`: throughput, TTFT and per-user speed over N, one line per system."""
+    keys = (("throughput", "tokens/s", 1), ("ttft_median_s", "TTFT ms (median)", 1e3),
+            ("per_user_median_tok_s", "per-user tokens/s", 1))
+    fig, axes = plt.subplots(1, len(keys), figsize=(13, 3.8))
+    for system in result["systems"]:
+        points = sorted((p for p in result["points"] if p["system"] == system), key=lambda p: p["clients"])
+        for ax, (key, label, scale) in zip(axes, keys):
+            ax.plot([p["clients"] for p in points], [_nan(p[key]) * scale for p in points], "o-", label=system)
+            ax.set_ylabel(label)
+    for ax in axes:
+        ax.set_xlabel("concurrency N")
+        ax.set_xticks(result["clients"])
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return _save(fig, path)

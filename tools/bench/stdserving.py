@@ -31,7 +31,7 @@ import torch
 from tokenrouter.engine.base import Engine, SamplingParams, StepRow
 from tokenrouter.policies.base import RoutingPolicy
 from tokenrouter.protocol import RequestSpec
-from tokenrouter.runtime.reference import reference_generate
+from tokenrouter.runtime.reference import FullRecompute, reference_generate
 from tokenrouter.text import TextCodec
 
 from .prefix_cache import PrefixCache
@@ -202,35 +202,9 @@ class StdServingTarget:
         self.end_ids = codec.end_ids(eos) if codec else sorted(eos)
 
     def generate(self, prompt: Prompt, *, max_tokens: int, seed: int, deadline: float) -> RequestRecord:
-        record = RequestRecord()
-        ids = self.codec.encode_prompt(prompt) if isinstance(prompt, str) else list(prompt)
-        spec = RequestSpec(prompt_len=len(ids), max_tokens=max_tokens, seed=seed, end_ids=self.end_ids)
-        # Tokens committed after a call were written by that call's model (the dispatcher commits
-        # the sampled token of the model it just called): stamp them when the next call goes out.
-        last = {"length": len(ids), "model": self.entry}
-
-        def served(name: str):
-            def forward(tokens: list[int]):
-                record.add(len(tokens) - last["length"], [last["model"]] * (len(tokens) - last["length"]))
-                last["length"], last["model"] = len(tokens), name
-                if time.monotonic() >= deadline:
-                    raise _Cut
-                return self.servers[name].forward(tokens)
-            return forward
-
-        try:
-            output, origins, reason = reference_generate({name: served(name) for name in self.names}, self.policy,
-                                                         self.entry, ids, spec, max_model_len=self.max_model_len)
-        except _Cut:
-            record.finish("cancelled", [])
-            return record
-        except Exception as exc:
-            record.finish("error", [], f"{type(exc).__name__}: {exc}")
-            return record
-        done = len(ids) + len(output) - last["length"]
-        record.add(done, [self.names[o] for o in origins[len(origins) - done:]])
-        record.finish(reason, self.codec.decode(output) if isinstance(prompt, str) else output)
-        return record
+        return dispatch({name: server.forward for name, server in self.servers.items()}, self.policy, self.entry,
+                        prompt, codec=self.codec, end_ids=self.end_ids, max_model_len=self.max_model_len,
+                        max_tokens=max_tokens, seed=seed, deadline=deadline)
 
     def step_spans(self) -> Spans:
         return {name: list(server.step_log) for name, server in self.servers.items()}
@@ -238,3 +212,40 @@ class StdServingTarget:
     def close(self) -> None:
         for server in self.servers.values():
             server.close()
+
+
+def dispatch(models: dict[str, FullRecompute], policy: RoutingPolicy, entry: str, prompt: Prompt, *,
+             codec: TextCodec | None, end_ids: list[int], max_model_len: int, max_tokens: int, seed: int,
+             deadline: float) -> RequestRecord:
+    """The external dispatcher of one request: ``reference_generate`` with each "recompute the context"
+    answered by ``models[name]`` (one call per token), the tokens stamped as the calls return."""
+    record = RequestRecord()
+    names = list(models)
+    ids = codec.encode_prompt(prompt) if isinstance(prompt, str) else list(prompt)
+    spec = RequestSpec(prompt_len=len(ids), max_tokens=max_tokens, seed=seed, end_ids=end_ids)
+    # Tokens committed after a call were written by that call's model (the dispatcher commits
+    # the sampled token of the model it just called): stamp them when the next call goes out.
+    last = {"length": len(ids), "model": entry}
+
+    def served(name: str) -> FullRecompute:
+        def forward(tokens: list[int]):
+            record.add(len(tokens) - last["length"], [last["model"]] * (len(tokens) - last["length"]))
+            last["length"], last["model"] = len(tokens), name
+            if time.monotonic() >= deadline:
+                raise _Cut
+            return models[name](tokens)
+        return forward
+
+    try:
+        output, origins, reason = reference_generate({name: served(name) for name in names}, policy, entry, ids,
+                                                     spec, max_model_len=max_model_len)
+    except _Cut:
+        record.finish("cancelled", [])
+        return record
+    except Exception as exc:
+        record.finish("error", [], f"{type(exc).__name__}: {exc}")
+        return record
+    done = len(ids) + len(output) - last["length"]
+    record.add(done, [names[o] for o in origins[len(origins) - done:]])
+    record.finish(reason, codec.decode(output) if isinstance(prompt, str) else output)
+    return record
