@@ -33,6 +33,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -44,6 +45,7 @@ from .dtypes import resolve_dtype
 from .loader import eos_token_ids_of, generation_config_of
 from .logit_processing import ContextCounts
 from .pooled import check_rows, sampled_result
+from .rank_watch import kill_all_when_one_dies
 from .ranks import RankPlacementError, cpu_rank_cores, gpu_index, gpu_rank_devices, omp_threads_bind
 from .vllm_capture import WORKER_EXTENSION
 from .vllm_compat import UnsupportedVLLM, check_started_engine, require_vllm_capabilities, vllm_environment
@@ -89,6 +91,8 @@ class VLLMEngine(LengthTable, Engine):
             self._core.shutdown()
             raise
         self._executor.collective_rpc("tokenrouter_install_capture")  # every rank wraps; rank 0 keeps
+        if self._across_processes:
+            self._watch_ranks()
         self._wrap_schedule()
         # Intra-op threads are per OS thread, and vLLM's CPU attention checks that the stepping
         # thread uses the count its metadata was planned with (the count set up at start here).
@@ -244,6 +248,17 @@ class VLLMEngine(LengthTable, Engine):
         if getattr(self._executor, "is_failed", False):
             raise EngineLost(f"engine '{self.name}': a rank of its {self._tensor_parallel_size} tensor-parallel ranks "
                              f"died; the model cannot run again until it is restarted") from cause
+
+    def _watch_ranks(self) -> None:
+        """A dead rank takes its model's other ranks with it at once (rank_watch: otherwise the step
+        waits about 10 s for vLLM to give up on them, and they outlive a stub that exits)."""
+        executor = weakref.ref(self._executor)  # the watch must not keep a dropped engine's executor alive
+
+        def closing() -> bool:  # vLLM's shutdown after a rank died sets both; a close only the first
+            current = executor()
+            return current is None or (getattr(current, "shutting_down", False) and not current.is_failed)
+
+        kill_all_when_one_dies(self.name, [worker.proc for worker in self._executor.workers], closing)
 
     def record_sampler_logprobs(self, k: int) -> None:
         """From the next chunk on, ask vLLM's own sampler for each row's top-``k`` log-probabilities
