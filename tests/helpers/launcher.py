@@ -59,6 +59,16 @@ def launch(*args: str, python: str = sys.executable, cwd: Path | None = None,
     pytest.fail("serve exited before ready:\n" + "".join(lines[-30:]))
 
 
+def stop(launcher: subprocess.Popen, timeout_s: float = 60) -> None:
+    """SIGTERM, as an operator stops it; killed if it has not exited within ``timeout_s``."""
+    launcher.send_signal(signal.SIGTERM)
+    try:
+        launcher.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait()
+
+
 def stop_and_check(launcher: subprocess.Popen, sig: signal.Signals, server_pids: list[int]) -> None:
     launcher.send_signal(sig)
     wait_stopped(launcher, server_pids)

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from tokenrouter.client import grpc_stream, http_generate, inputs
 from helpers.routing import PROMPTS
-from helpers.launcher import launch, triton_pid
+from helpers.launcher import launch, stop, triton_pid
 from tokenrouter.launch.processes import stub_pids
 from tokenrouter.procfs import proc_stat
 
@@ -80,12 +80,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     log: list[str] = []  # keep reading: a full pipe would block the launcher's log forwarding
     threading.Thread(target=lambda: log.extend(launcher.stdout), daemon=True).start()
     yield launcher, ports, log
-    launcher.send_signal(signal.SIGTERM)
-    try:
-        launcher.wait(timeout=60)
-    except Exception:
-        launcher.kill()
-        launcher.wait()
+    stop(launcher)
 
 
 @pytest.mark.parametrize("model", ["llm", "slm", *(pytest.param(m, marks=pytest.mark.slow)  # the short suite: two

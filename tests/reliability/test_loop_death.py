@@ -10,7 +10,6 @@ product knows about it.
 from __future__ import annotations
 
 import concurrent.futures
-import signal
 import threading
 import time
 import urllib.error
@@ -21,7 +20,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from helpers.routing import PROMPTS
-from helpers.launcher import launch
+from helpers.launcher import launch, stop
 from tokenrouter.client import grpc_stream, http_generate, inputs
 from tokenrouter.serving.repository import render_repository
 from tokenrouter_engines.tiny import ensure_tiny_pair
@@ -108,9 +107,4 @@ def test_a_dead_loop_fails_its_requests_marks_the_server_not_ready_and_heals(tmp
         assert len(reply["output_ids"]) == 8
         print(f"requests ended within {max(ended):.2f} s of the loop's death")
     finally:
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            launcher.wait(timeout=60)
-        except Exception:
-            launcher.kill()
-            launcher.wait()
+        stop(launcher)

@@ -16,7 +16,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from helpers.routing import PROMPTS
-from helpers.launcher import launch, triton_pid
+from helpers.launcher import launch, stop, triton_pid
 from tokenrouter.client import GrpcStream, grpc_stream, http_generate, inputs
 
 OPEN_STREAMS, IN_FLIGHT, MAX_TOKENS = 20, 6, 200
@@ -81,9 +81,4 @@ def test_a_reload_after_a_burst_with_twenty_open_streams_loses_no_request_and_ap
     finally:
         for stream in streams:
             stream.close()
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            launcher.wait(timeout=120)
-        except Exception:
-            launcher.kill()
-            launcher.wait()
+        stop(launcher, timeout_s=120)
