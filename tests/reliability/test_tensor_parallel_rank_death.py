@@ -6,6 +6,8 @@ not waited for: engine/rank_watch.py), no rank of the old server outlives it, th
 the server, and it serves again.
 
 Slow: a vLLM TP-2 stub starts in minutes on the shared 2-core machine, twice here (start, restart).
+Known to fail at the last stage here: in both runs so far the restarted server loaded every stub and
+never opened its ports (docs/engine.md, "Tensor parallelism"); everything before it passed.
 """
 
 from __future__ import annotations
