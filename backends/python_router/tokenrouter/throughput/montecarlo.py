@@ -63,6 +63,8 @@ def simulate(P: Sequence[Sequence[float]] | np.ndarray, C: Sequence[Sequence[flo
             continue
         if completions == warmup:
             tokens, measured_from = 0.0, now
+        if next_finish is None:  # check_pool_thresholds refuses the thresholds that can get here
+            raise RuntimeError(f"no instance runs and no row is in transit: B = {list(B)} deadlocked")
         completions += 1
         now = next_finish
         for u, i in enumerate(model_of):
