@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +130,14 @@ def real_setup(rate: float = 0.1, threads: int | None = 2) -> Setup:
 
 
 def make_setup(kind: str, *, rate: float | None = None, threads: int | None = None) -> Setup:
+    """The pair setup ``kind``; ``rate`` and ``threads`` override its own defaults where given."""
     if kind == "sim":
-        return sim_setup(**({"rate": rate} if rate is not None else {}))
-    extra = {k: v for k, v in (("rate", rate), ("threads", threads)) if v is not None}
-    if kind == "tiny":
-        return tiny_setup(**extra)
-    if kind == "real":
-        return real_setup(**extra)
-    raise ValueError(f"unknown pair setup '{kind}'; allowed: {', '.join(PAIR_SETUPS)}")
+        return sim_setup() if rate is None else sim_setup(rate)
+    if kind not in ("tiny", "real"):
+        raise ValueError(f"unknown pair setup '{kind}'; allowed: {', '.join(PAIR_SETUPS)}")
+    setup = partial(tiny_setup if kind == "tiny" else real_setup)
+    if rate is not None:
+        setup = partial(setup, rate=rate)
+    if threads is not None:
+        setup = partial(setup, threads=threads)
+    return setup()
