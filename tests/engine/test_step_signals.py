@@ -61,6 +61,6 @@ def test_rank0_sends_the_argmax_and_topk_of_the_rows_asked_for_in_their_order():
     torch.testing.assert_close(reduced["hidden"], hidden[order])
     full = capture.rows(["y"], full=True, top_k=0, hidden=False, to_cpu=True)
     torch.testing.assert_close(full["logits"], logits[[1]])
-    assert full["hidden"] is None and full["topk_values"] is None
+    assert full["hidden"] is None and full["topk_values"] is None and full["argmax"] is None
     with pytest.raises(RuntimeError, match="did not run"):
         capture.rows(["w"], full=False, top_k=0, hidden=False, to_cpu=True)

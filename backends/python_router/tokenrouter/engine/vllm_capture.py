@@ -31,9 +31,10 @@ class StepCapture:
         self.request_ids, self.logits, self.hidden_states = request_ids, logits, hidden_states
 
     def rows(self, request_ids: list[str], *, full: bool, top_k: int, hidden: bool, to_cpu: bool) -> dict[str, Any]:
-        """Of ``request_ids``' rows, in that order: "argmax" [B] of the raw logits; "logits" [B, V]
-        when ``full``; "topk_values", "topk_indices" [B, k] (of the float32 logits) when ``top_k``;
-        "hidden" [B, H] when ``hidden``. Absent signals are None."""
+        """Of ``request_ids``' rows, in that order: "logits" [B, V] when ``full``, else "argmax" [B] of
+        the raw logits (the engine samples from the full rows itself); "topk_values", "topk_indices"
+        [B, k] (of the float32 logits) when ``top_k``; "hidden" [B, H] when ``hidden``. Absent signals
+        are None."""
         import torch
 
         order = {request_id: i for i, request_id in enumerate(self.request_ids)}
@@ -42,7 +43,7 @@ class StepCapture:
             raise RuntimeError(f"vLLM did not run request(s) {missing} in the step")
         index = torch.tensor([order[request_id] for request_id in request_ids], device=self.logits.device)
         logits = self.logits.index_select(0, index)
-        signals = {"argmax": logits.argmax(dim=-1), "logits": logits if full else None,
+        signals = {"argmax": None if full else logits.argmax(dim=-1), "logits": logits if full else None,
                    "topk_values": None, "topk_indices": None,
                    "hidden": self.hidden_states.index_select(0, index) if hidden else None}
         if top_k:

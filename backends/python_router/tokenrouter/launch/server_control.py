@@ -1,6 +1,7 @@
 """The launcher's calls to the models of a running tritonserver: the drain (fronts refuse new requests,
 those in flight finish), the ending of every request in flight, and the authenticated control call
-both are made of (serving/peer_auth.py), with the entry subserver's held requests read from its metrics."""
+both are made of (serving/control.py, signed as in serving/peer_auth.py), with the entry subserver's
+held requests read from its metrics."""
 
 from __future__ import annotations
 

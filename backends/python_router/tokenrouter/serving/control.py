@@ -22,6 +22,7 @@ import numpy as np
 from ..request_builder import RequestError
 from .schema import CONTROL_INPUT, CONTROL_INPUTS
 
+
 @dataclass(frozen=True)
 class ControlCall:
     command: str
