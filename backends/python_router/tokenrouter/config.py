@@ -129,11 +129,14 @@ class ModelSpec(_Strict):
 
     def threshold_at(self, active: int) -> int | None:
         """B for ``active`` concurrent requests; None when the threshold is 'auto'."""
-        if self.batch_threshold == "auto":
-            return None
-        if isinstance(self.batch_threshold, int):
-            return self.batch_threshold
-        return self.batch_threshold[min(active, len(self.batch_threshold)) - 1]
+        threshold = self.batch_threshold
+        return None if isinstance(threshold, str) else fixed_threshold(threshold, active)  # str: only 'auto'
+
+
+def fixed_threshold(threshold: int | list[int], active: int) -> int:
+    """B for ``active`` concurrent requests under a fixed threshold: an int, or a list indexed by N
+    (N=1 first; the last entry holds beyond)."""
+    return threshold if isinstance(threshold, int) else threshold[min(active, len(threshold)) - 1]
 
 
 class PolicySpec(_Strict):
