@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 from collections import Counter
@@ -29,7 +30,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..config import load_config
+from ..config import SchedulingSpec, load_config
 from ..request_builder import RequestError
 from ..runtime.admission import ServerBusy
 from ..runtime.api import TokenRouter
@@ -105,7 +106,7 @@ class TokenRouterEngine(LLMEngine):
         # The request's stream runs in its own task, so that abort (another task) can cancel it: a
         # cancelled stream cancels its request at the entry, which ends it on every model.
         queue: asyncio.Queue[GenerateChunk | Exception | None] = asyncio.Queue()
-        task = asyncio.create_task(self._pump(mapped, queue))
+        task = asyncio.create_task(self._pump(self.router, mapped, queue))
         rid = context.id()
         self._running[rid] = task
         try:
@@ -117,9 +118,9 @@ class TokenRouterEngine(LLMEngine):
             self._running.pop(rid, None)
             task.cancel()  # a consumer that stops reading ends the request too
 
-    async def _pump(self, mapped: Mapped, queue: asyncio.Queue) -> None:
-        """The request's chunks into ``queue``, then None (or the error that ended it)."""
-        names = self.router.config.model_names
+    async def _pump(self, router: TokenRouter, mapped: Mapped, queue: asyncio.Queue) -> None:
+        """The request's chunks from ``router`` into ``queue``, then None (or the error that ended it)."""
+        names = router.config.model_names
         origins: Counter[int] = Counter()
         models: list[str] = []
 
@@ -129,12 +130,13 @@ class TokenRouterEngine(LLMEngine):
                     "completion_usage": {"prompt_tokens": prompt, "completion_tokens": generated,
                                          "total_tokens": prompt + generated},
                     "engine_data": {"models": [], "response_models": models, "large_model_share":
-                                    large_model_share(origins, names.index(self.router.config.entry))}}
+                                    large_model_share(origins, names.index(router.config.entry))}}
 
         try:
             # Dynamo's frontend detokenizes: no text here. Paced: each response costs this process's event
             # loop, Dynamo's request plane and the frontend the same however many tokens it carries.
-            async for chunk in self.router.stream(mapped.prompt, pace=self._pace, text=False, **mapped.keywords):
+            pace = functools.partial(self._pace, router.config.scheduling)
+            async for chunk in router.stream(mapped.prompt, pace=pace, text=False, **mapped.keywords):
                 origins.update(names.index(model) for model in chunk.models)
                 models.extend(chunk.models)
                 out: GenerateChunk = {"token_ids": chunk.token_ids, "index": 0,
@@ -158,10 +160,10 @@ class TokenRouterEngine(LLMEngine):
         except Exception as exc:  # noqa: BLE001  (handed to generate, which raises it to Dynamo)
             await queue.put(exc)
 
-    def _pace(self) -> float:
+    def _pace(self, scheduling: SchedulingSpec) -> float:
         """Seconds between a stream's responses: the live streams share ``scheduling.max_responses_per_s``,
         as the served entry's do (with few streams this is below a step, and every token leaves alone)."""
-        return len(self._running) / self.router.config.scheduling.max_responses_per_s
+        return len(self._running) / scheduling.max_responses_per_s
 
     async def abort(self, context: Context) -> None:
         task = self._running.pop(context.id(), None)
