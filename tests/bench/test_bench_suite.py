@@ -18,6 +18,7 @@ from tokenrouter.throughput import predict
 from tokenrouter_tools.bench.loadgen import run_closed_loop
 from tokenrouter_tools.bench.records import RequestRecord, summarize
 from tokenrouter_tools.bench.runner import Timing
+from tokenrouter_tools.bench.served import run_served
 from tokenrouter_tools.bench.setups import LARGE, SMALL, sim_setup
 from tokenrouter_tools.bench.systems import SystemFactory, system_config
 from tokenrouter_tools.bench.thresholds import random_routing, step_latencies, thresholds_by_n
@@ -133,6 +134,14 @@ def answered(output: list[int]) -> RequestRecord:
     record = RequestRecord()
     record.finish("length", output)
     return record
+
+
+def test_the_served_suite_refuses_a_config_without_a_tokenizer():
+    config = load_config({"models": {"slm": {"engine": "simulated", "profile": "tiny-cpu-small"},
+                                     "llm": {"engine": "simulated", "profile": "tiny-cpu-large"}}})
+    with pytest.raises(ValueError, match="the config needs a tokenizer"):
+        run_served(config, [1], Workload("short-long", (8, 16), 12, max_context=512), Timing(0.3, 1.0), reps=1,
+                   systems=("served",))
 
 
 def test_multi_turn_prompts_carry_the_conversation():
