@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from tokenrouter.config import load_config
+from tokenrouter.policies.base import RoutingPolicy
 from tokenrouter.throughput import predict
 from tokenrouter_tools.bench.loadgen import run_closed_loop
 from tokenrouter_tools.bench.records import RequestRecord, summarize
 from tokenrouter_tools.bench.runner import Timing
 from tokenrouter_tools.bench.served import run_served
+from tokenrouter_tools.bench.stdserving import dispatch
 from tokenrouter_tools.bench.setups import LARGE, SMALL, sim_setup
 from tokenrouter_tools.bench.systems import SystemFactory, system_config
 from tokenrouter_tools.bench.thresholds import random_routing, step_latencies, thresholds_by_n
@@ -134,6 +136,12 @@ def answered(output: list[int]) -> RequestRecord:
     record = RequestRecord()
     record.finish("length", output)
     return record
+
+
+def test_the_dispatcher_records_a_text_prompt_without_a_tokenizer_as_an_error():
+    record = dispatch({}, RoutingPolicy(["slm", "llm"], "slm"), "slm", "def f():", codec=None, end_ids=[],
+                      max_model_len=64, max_tokens=4, seed=0, deadline=float("inf"))
+    assert record.finish_reason == "error" and "needs a tokenizer" in (record.error or ""), record
 
 
 def test_the_served_suite_refuses_a_config_without_a_tokenizer():
