@@ -41,6 +41,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--N", type=int, nargs="+", default=list(range(2, 9)), help="concurrencies (default 2..8)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="run the simulated clock this many times slower (throughput converted back)")
+    p.add_argument("--workload", choices=("short-long", "long-short"), default="short-long")
+    p.add_argument("--prefill-cost", action="store_true",
+                   help="keep the profiles' per-token prefill/extend cost, and charge it in the model (else zeroed)")
+    p.add_argument("--monte-carlo", type=int, default=0, metavar="EVENTS",
+                   help="also the discrete-event simulation per cell, with this many batch completions")
     _common(p, reps=1, pair=False)
 
     p = suites.add_parser("compare", help="all systems side by side at one concurrency, ratios vs targets")
@@ -118,7 +123,9 @@ def _factory(args: argparse.Namespace) -> SystemFactory:
 
 def _validate(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:
     result = validate.run_validate(args.N, _timing(args, "sim"), reps=args.reps, seed=args.seed,
-                                   max_tokens=args.max_tokens, time_scale=args.time_scale)
+                                   max_tokens=args.max_tokens, time_scale=args.time_scale,
+                                   workload_kind=args.workload, prefill_cost=args.prefill_cost,
+                                   monte_carlo=args.monte_carlo)
     return result, validate.markdown, plot_validate, "sim"
 
 
