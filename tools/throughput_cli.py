@@ -148,7 +148,7 @@ def _describe(prefill: PrefillCosts, values: dict[str, Any]) -> str:
     charge = per_row_charge(*check_matrices(values["P"], values["C"]), prefill)
     def ms(values: tuple[float, ...]) -> str:
         return "/".join(f"{x * 1e3:.4g}" for x in values)
-    return (f"prefill: {ms(prefill.per_token_s)} ms per fed token, {ms(prefill.arrival_s)} ms per arriving row, "
+    return (f"prefill: {ms(prefill.per_token_s)} ms per fed token, {ms(prefill.arrival)} ms per arriving row, "
             f"prompts {prefill.prompt_tokens[0]}-{prefill.prompt_tokens[1]} tokens, {prefill.output_tokens} out; "
             f"charge per row {ms(tuple(charge))} ms (latencies snapped to the grid)")
 

@@ -68,10 +68,11 @@ def measure_step_costs(engine: Engine, max_batch: int, *, context: int = 256, ex
                 base = decode(ids[:middle + 1])  # the extending sequence decodes too: same b + 1 rows
                 chunk = tokens[offset:offset + k]
                 offset += k
-                rows = [StepRow(s, feed[s]) for s in ids[1:middle + 1]]
+                order = ids[1:middle + 1] + ids[:1]
+                rows = [StepRow(s, feed[s]) for s in order[:-1]]
                 rows.append(StepRow(ids[0], feed[ids[0]][:1] + chunk[1:]))  # its pending token and k - 1 more
                 seconds, sampled = timed_step(engine, rows)
-                feed.update({s: [t] for s, t in zip([r.seq_id for r in rows], sampled)})
+                feed.update({s: [t] for s, t in zip(order, sampled)})
                 runs.append(seconds - base)
             extra[k] = statistics.median(runs)
     finally:

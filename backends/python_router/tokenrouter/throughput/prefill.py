@@ -58,6 +58,11 @@ class PrefillCosts:
         object.__setattr__(self, "output_tokens", int(self.output_tokens))
 
     @property
+    def arrival(self) -> tuple[float, ...]:
+        """Seconds per arriving row, per model (zeros when not given)."""
+        return self.arrival_s if self.arrival_s is not None else (0.0,) * len(self.per_token_s)
+
+    @property
     def mean_prompt(self) -> float:
         return (self.prompt_tokens[0] + self.prompt_tokens[1]) / 2
 
@@ -138,7 +143,7 @@ def _last_row_probability(P: np.ndarray, commit: np.ndarray, j: int, T: int) -> 
 def per_row_charge(P: np.ndarray, C: np.ndarray, prefill: PrefillCosts) -> np.ndarray:
     """Expected seconds a row on model i costs beyond a decode row, per model (0 where never run)."""
     load = request_load(P, C, prefill)
-    extra = np.asarray(prefill.per_token_s) * (load.fed - load.rows) + np.asarray(prefill.arrival_s) * load.arrivals
+    extra = np.asarray(prefill.per_token_s) * (load.fed - load.rows) + np.asarray(prefill.arrival) * load.arrivals
     return np.divide(extra, load.rows, out=np.zeros(len(P)), where=load.rows > 0)
 
 
@@ -152,5 +157,5 @@ def charged(latencies: np.ndarray, P: np.ndarray, C: np.ndarray, prefill: Prefil
 
 def feed_cost(prefill: PrefillCosts, model: int, tokens: int, arrived: bool) -> float:
     """Seconds one row feeding ``tokens`` adds to its step beyond a decode row."""
-    return prefill.per_token_s[model] * max(tokens - 1, 0) + (prefill.arrival_s[model] if arrived else 0.0)
+    return prefill.per_token_s[model] * max(tokens - 1, 0) + (prefill.arrival[model] if arrived else 0.0)
 
