@@ -83,7 +83,7 @@ def sim_setup(rate: float = 0.35, *, prefill_cost: bool = True, eos: bool = True
             "long-short": Workload("long-short", (1024, 2048), 32),
             "multi-turn": Workload("multi-turn", (32, 96), 64, turns=4),
         },
-        max_wait_ms=200.0, max_model_len=32768,
+        max_wait_ms=200.0 * time_scale, max_model_len=32768,  # the guard on the simulated clock
         notes=["simulated engine: paper A100 step latencies (6.0 / 27.9 ms at batch 1) by sleeping"],
     )
 
