@@ -18,6 +18,7 @@ from tokenrouter.policies.base import RoutingPolicy
 from tokenrouter.throughput import predict
 from tokenrouter_tools.bench.loadgen import run_closed_loop
 from tokenrouter_tools.bench.records import RequestRecord, summarize
+from tokenrouter.throughput.prefill import PrefillCosts
 from tokenrouter_tools.bench.runner import Timing
 from tokenrouter_tools.bench.served import run_served
 from tokenrouter_tools.bench.stdserving import dispatch
@@ -192,3 +193,19 @@ def test_cli_compare_writes_json_with_per_repetition_ratios_and_a_plot(tmp_path:
     assert ratio["per_rep"] == pytest.approx([a["throughput"] / b["throughput"]
                                               for a, b in zip(runs["tokenrouter"], runs["eager_async"])])
     assert [c["ratio"] for c in result["checks"]] == ["tokenrouter / eager_async"]
+
+
+def test_validation_with_prefill_costs_charges_the_profiles_prices():
+    """--prefill-cost: each cell is predicted with the profiles' per-token prices and the workload's
+    lengths, next to the decode-only prediction; the starvation guard runs on the simulated clock."""
+    result = run_validate([2], Timing(0.2, 0.6), reps=1, max_tokens=8, time_scale=0.2, workload_kind="long-short",
+                          prefill_cost=True, monte_carlo=2000)
+    assert result["setup"]["max_wait_ms"] == pytest.approx(200.0 * 0.2)
+    prefill = PrefillCosts((1e-5, 5e-5), (1024, 2048), 8)
+    assert result["prefill"]["per_token_s"] == prefill.per_token_s
+    cell = {c["B1"]: c for c in result["cells"]}[1]
+    P, C = random_routing(cell["realized_rate"])
+    L = [[x / 1e3 for x in result["latencies_ms"][name][:2]] for name in (SMALL, LARGE)]
+    assert cell["predicted_at_realized"] == pytest.approx(predict(P, C, L, [1, 1], 2, 1e-4, snap=True, prefill=prefill))
+    assert cell["decode_only_at_realized"] > 1.2 * cell["predicted_at_realized"]  # 1.5k-token prefills are dear
+    assert cell["simulated_at_realized"] > 0
