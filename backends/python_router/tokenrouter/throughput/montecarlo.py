@@ -63,9 +63,10 @@ def simulate(P: Sequence[Sequence[float]] | np.ndarray, C: Sequence[Sequence[flo
         for u, i in enumerate(model_of):  # idle instances whose queue reached the threshold start everything
             if finish[u] is None and len(waiting[u]) >= B[i]:
                 running[u], waiting[u] = waiting[u], []
-                finish[u] = now + int(nanos[i, len(running[u]) - 1])
+                step_ns = int(nanos[i, len(running[u]) - 1])
                 if tracker is not None:
-                    finish[u] += int(round(1e9 * sum(tracker.feed(request, i) for request in running[u])))
+                    step_ns += int(round(1e9 * sum(tracker.feed(request, i) for request in running[u])))
+                finish[u] = now + step_ns
         next_finish = min((t for t in finish if t is not None), default=None)
         if in_transit and (next_finish is None or in_transit[0][0] < next_finish):
             now, instance, request = heapq.heappop(in_transit)  # a handed-off row arrives
