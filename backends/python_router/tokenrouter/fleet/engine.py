@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..config import load_config
+from ..config import SchedulingSpec, load_config
 from ..runtime.emission import large_model_share
 from .pair_process import PairProcess, PairStream
 from .requests import map_request
@@ -99,10 +99,10 @@ class TokenRouterEngine(LLMEngine):
 
     async def generate(self, request: GenerateRequest, context: Context) -> AsyncGenerator[GenerateChunk, None]:
         mapped = map_request(request)
-        if self.router is None:
+        if (router := self.router) is None:
             raise RuntimeError("the engine is not started")
-        names = self.router.config.model_names
-        entry = names.index(self.router.config.entry)
+        names = router.config.model_names
+        entry = names.index(router.config.entry)
         origins: Counter[int] = Counter()
         models: list[str] = []
 
@@ -114,7 +114,7 @@ class TokenRouterEngine(LLMEngine):
                     "engine_data": {"models": [], "response_models": models,
                                     "large_model_share": large_model_share(origins, entry)}}
 
-        stream = self.router.submit(mapped.prompt, mapped.keywords)
+        stream = router.submit(mapped.prompt, mapped.keywords)
         rid = context.id()
         self._running[rid] = stream
         try:
@@ -148,23 +148,23 @@ class TokenRouterEngine(LLMEngine):
                     return
                 # Paced: each response costs this process's event loop, Dynamo's request plane and the
                 # frontend the same however many tokens it carries. The end is never held.
-                if (interval := self._pace()) > 0:
+                if (interval := self._pace(router.config.scheduling)) > 0:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(interval):
                             await stream.ended.wait()
         finally:
             self._running.pop(rid, None)
             if not stream.done:  # a consumer that stops reading ends the request too
-                self.router.cancel(stream)
+                router.cancel(stream)
 
-    def _pace(self) -> float:
+    def _pace(self, scheduling: SchedulingSpec) -> float:
         """Seconds between a stream's responses: the live streams share ``scheduling.max_responses_per_s``,
         as the served entry's do (with few streams this is below a step, and every token leaves alone)."""
-        return len(self._running) / self.router.config.scheduling.max_responses_per_s
+        return len(self._running) / scheduling.max_responses_per_s
 
     async def abort(self, context: Context) -> None:
         stream = self._running.pop(context.id(), None)
-        if stream is not None:
+        if stream is not None and self.router is not None:
             self.router.cancel(stream)  # frees its KV on every model now, whether or not generate reads on
             stream.abort()
 
