@@ -88,6 +88,13 @@ class RequestHandle:
         for listener in listeners:
             listener()
 
+    def since(self, start: int) -> tuple[list[int], list[int], list[float] | None, str | None, str | None]:
+        """Output from token ``start`` on, read together: tokens, origins, log probabilities (None when
+        the request returns none), finish reason and error (None while it runs)."""
+        with self._lock:
+            logprobs = None if self.logprobs is None else self.logprobs[start:len(self.token_ids)]
+            return self.token_ids[start:], self.origins[start:], logprobs, self.finish_reason, self.error
+
     def add_listener(self, listener) -> None:
         with self._lock:
             self._listeners.append(listener)
