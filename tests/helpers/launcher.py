@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,18 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
+
+
+def seconds_until_not_ready(url: str, since: float, until: float) -> float | None:
+    """Seconds from ``since`` to the first answer of ``url`` other than 200 (an answer that takes over
+    a second counts when it times out, as a health check's would); None if it stayed 200 ``until``."""
+    while time.monotonic() < until:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as reply:
+                ready = reply.status == 200
+        except (urllib.error.URLError, OSError):  # 503, refused, timed out
+            ready = False
+        if not ready:
+            return time.monotonic() - since
+        time.sleep(0.01)
+    return None

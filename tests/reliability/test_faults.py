@@ -8,15 +8,13 @@ import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from tritonclient.utils import InferenceServerException
 
 from tokenrouter.client import grpc_stream, http_generate, inputs
 from helpers.routing import PROMPTS
-from helpers.launcher import launch, stop, tiny_repository, triton_pid
+from helpers.launcher import launch, seconds_until_not_ready, stop, tiny_repository, triton_pid
 from tokenrouter.launch.processes import stub_pids
 from tokenrouter.procfs import proc_stat
 
@@ -26,30 +24,15 @@ RECOVERY_S = 240.0  # a fresh start of the tiny pair takes 20-60 s on this share
 NOT_READY_WITHIN_S = 0.5
 
 
-def _seconds_until_not_ready(url: str, since: float, until: float) -> float | None:
-    """Seconds from ``since`` to the first answer of ``url`` other than 200 (an answer that takes over
-    a second counts when it times out, as a health check's would); None if it stayed 200 ``until``."""
-    while time.monotonic() < until:
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as reply:
-                ready = reply.status == 200
-        except (urllib.error.URLError, OSError):  # 503, refused, timed out
-            ready = False
-        if not ready:
-            return time.monotonic() - since
-        time.sleep(0.01)
-    return None
-
-
 def _not_ready_after_kill(pid: int, urls: list[str]) -> tuple[float, dict[str, float | None]]:
     """SIGKILL ``pid`` (a stub) and poll each of ``urls``, ready before: when it was killed, and url ->
     seconds from the kill until it answered not ready (None: it stayed ready for 10 s)."""
     for url in urls:
-        assert _seconds_until_not_ready(url, time.monotonic(), time.monotonic() + 0.3) is None, f"{url} not ready"
+        assert seconds_until_not_ready(url, time.monotonic(), time.monotonic() + 0.3) is None, f"{url} not ready"
     with concurrent.futures.ThreadPoolExecutor(len(urls)) as pool:
         killed_at = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        took = dict(zip(urls, pool.map(lambda url: _seconds_until_not_ready(url, killed_at, killed_at + 10.0), urls)))
+        took = dict(zip(urls, pool.map(lambda url: seconds_until_not_ready(url, killed_at, killed_at + 10.0), urls)))
     return killed_at, took
 
 

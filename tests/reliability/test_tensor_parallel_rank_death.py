@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from helpers.launcher import launch, stop, triton_pid
+from helpers.launcher import launch, seconds_until_not_ready, stop, triton_pid
 from helpers.routing import PROMPTS
-from reliability.test_faults import _seconds_until_not_ready
 from tokenrouter.client import grpc_stream, http_generate, inputs
 from tokenrouter.launch.processes import process_alive, stub_pids
 from tokenrouter.launch.serve import TINY_CONFIG, TINY_FAMILY, TINY_SEED, _with_pair
@@ -72,7 +71,7 @@ def test_a_killed_rank_fails_its_requests_and_the_server_serves_again(tmp_path: 
             assert not any(stream.done() for stream in streams), "a stream ended before the kill"
             killed_at = time.monotonic()
             os.kill(ranks[-1], signal.SIGKILL)
-            not_ready = _seconds_until_not_ready(f"http://{http_url}/v2/health/ready", killed_at, killed_at + 60.0)
+            not_ready = seconds_until_not_ready(f"http://{http_url}/v2/health/ready", killed_at, killed_at + 60.0)
             errors, ended = [], []
             for stream in streams:
                 with pytest.raises(InferenceServerException) as error:
