@@ -60,10 +60,10 @@ def engine_generate(engine: TorchEngine, prompts: list[list[int]], new_tokens: i
     outputs: list[list[int]] = [[] for _ in prompts]
     feeds = dict(enumerate(prompts))
     for _ in range(new_tokens):
-        result = engine.step([StepRow(i, tokens) for i, tokens in feeds.items()])
-        for i, token in zip(result.seq_ids, result.sampled.tolist()):
-            outputs[i].append(token)
-            feeds[i] = [token]
+        rows = [StepRow(i, tokens) for i, tokens in feeds.items()]
+        for row, token in zip(rows, engine.step(rows).sampled.tolist()):  # in row order (Engine.step)
+            outputs[row.seq_id].append(token)
+            feeds[row.seq_id] = [token]
     for i in range(len(prompts)):
         engine.release(i)
     return outputs

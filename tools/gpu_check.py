@@ -51,6 +51,7 @@ def _import_from_checkout() -> None:
         if name not in sys.modules and importlib.util.find_spec(name) is None:
             spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
                                                           submodule_search_locations=[str(folder)])
+            assert spec is not None and spec.loader is not None  # a .py file always gets a source loader
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
             spec.loader.exec_module(module)
@@ -160,7 +161,8 @@ def bench_torch(pair: dict[str, Path], plan: Plan) -> dict[str, Any]:
     finally:
         for engine in engines.values():
             engine.close()
-        engines = models = None  # frees them for free_memory (the lambda above holds these names)
+        engines.clear()  # frees them for free_memory (the lambdas above hold these dicts)
+        models.clear()
         free_memory()
     return {"shapes": list(plan.bench_pair or ("tiny small", "tiny large")), **report}
 

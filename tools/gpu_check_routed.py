@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
@@ -22,7 +22,7 @@ from tokenrouter.engine.base import Engine
 from tokenrouter.engine.loader import transformers_attention
 from tokenrouter.protocol import PeerMessage, RequestSpec, RequestView, Route
 from tokenrouter.runtime.core import Limits, SubserverCore
-from tokenrouter.runtime.reference import reference_generate
+from tokenrouter.runtime.reference import FullRecompute, reference_generate
 from tokenrouter.runtime.strategies import make_strategy
 from tokenrouter.runtime.subserver import Subserver
 from tokenrouter.runtime.transport import InProcessTransport
@@ -39,7 +39,7 @@ class PositionDeferral:
     batching cannot change the routed output; the small model's token at a deferred position is
     dropped (the large one regenerates it), as the shipped deferral policies do."""
 
-    name = "gpu_check_deferral"
+    name: ClassVar[str] = "gpu_check_deferral"
     needs_hidden = False
     top_logits = 0
     needs_logits = False  # decisions read positions only: a tensor-parallel large model sends back tokens alone
@@ -140,7 +140,7 @@ class Runtime:
         self.close()
 
 
-def full_recompute(model: Any) -> Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]]:
+def full_recompute(model: Any) -> FullRecompute:
     """The reference's model: next-token logits and last hidden state of a whole context, no cache,
     computed on the model's own device."""
     device = next(model.parameters()).device

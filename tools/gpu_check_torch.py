@@ -120,7 +120,7 @@ def greedy_vs_generate(engine: TorchEngine, model: Any, plan: Plan) -> dict[str,
     tokens, first_logits, feed = [], None, context
     for _ in range(plan.greedy_steps):
         result = engine.step([StepRow("greedy", feed)])
-        first_logits = result.logits[0] if first_logits is None else first_logits
+        first_logits = result.require_logits()[0] if first_logits is None else first_logits
         feed = [int(result.sampled[0])]
         tokens.append(feed[0])
     engine.release("greedy")
@@ -220,6 +220,12 @@ def sdpa_backends(engine: TorchEngine, plan: Plan, vocab: int) -> dict[str, Any]
 
 def check_shape(shape: str, plan: Plan, budget: Budget) -> dict[str, Any]:
     """The torch engine on one real shape with random weights, in the plan's dtype."""
+    report = _measure_shape(shape, plan, budget)
+    free_memory()  # the model and its engine lived only in _measure_shape's frame (its lambdas too)
+    return report
+
+
+def _measure_shape(shape: str, plan: Plan, budget: Budget) -> dict[str, Any]:
     model = random_model(shape, plan.device, plan.dtype)
     capacity = max(plan.batches) * (max(plan.contexts) + 64) + plan.mixed_prefill + 1024
     engine = TorchEngine(shape, model, num_blocks=capacity // BLOCK_SIZE, block_size=BLOCK_SIZE)
@@ -235,6 +241,4 @@ def check_shape(shape: str, plan: Plan, budget: Budget) -> dict[str, Any]:
     for name, part in parts:
         report[name] = run_part(part, budget)
     engine.close()
-    engine = model = None  # frees them for free_memory (the lambdas above hold these names)
-    free_memory()
     return report

@@ -157,7 +157,7 @@ def exact_vllm_checks(engines: dict[str, Any], pair: dict[str, Path], plan: Plan
     report["routed_equals_reference"] = run_part(lambda: routed_equals_reference(
         {"slm": engines["small"], "llm": large}, {"slm": models["small"], "llm": models["large"]},
         mixed_prompts(plan.exact_prompts, vocab, seed=41), plan.exact_tokens, plan.route_rate), budget)
-    models = None  # frees them for free_memory (the lambdas above hold this name)
+    models.clear()  # frees them for free_memory (the lambdas above hold this dict)
     free_memory()
     return report
 
@@ -241,8 +241,8 @@ def check_vllm(plan: Plan, budget: Budget) -> dict[str, Any]:
         for engine in engines.values():
             engine.close()
     report["tensor_parallel"] = run_part(lambda: check_tensor_parallel(pair, plan, budget), budget)
-    if plan.bench_pair is not None:
-        report["bench"] = run_part(lambda: bench_real_shapes(plan, budget), budget)
+    if (shapes := plan.bench_pair) is not None:
+        report["bench"] = run_part(lambda: bench_real_shapes(shapes, plan, budget), budget)
     return report
 
 
@@ -267,15 +267,15 @@ def check_tensor_parallel(pair: dict[str, Path], plan: Plan, budget: Budget) -> 
             engine.close()
 
 
-def bench_real_shapes(plan: Plan, budget: Budget) -> dict[str, Any]:
+def bench_real_shapes(shapes: tuple[str, str], plan: Plan, budget: Budget) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
-        paths = random_pair(plan.bench_pair, Path(folder), plan.dtype)
+        paths = random_pair(shapes, Path(folder), plan.dtype)
         dtype = str(plan.dtype).removeprefix("torch.")
         kv_tokens = -(-max(plan.bench_clients) * (256 + plan.bench_tokens + 64) // 1024) * 1024
         engines, seconds = start_pair(paths, plan, dtype, max_batch=max(plan.bench_clients), kv_tokens=kv_tokens,
                                       share=0.3)
         try:
-            report = {"shapes": list(plan.bench_pair), "dtype": dtype, "start_s": seconds,
+            report = {"shapes": list(shapes), "dtype": dtype, "start_s": seconds,
                       "settings": engines["large"].call("runner_settings")}
             report.update(bench_vllm(engines, plan, budget))
         finally:

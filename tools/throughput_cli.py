@@ -4,6 +4,8 @@ Inputs come from flags or a YAML/JSON file (keys P, C, L_ms, delta_ms, N, B; fla
 ``--paper`` for the TokenRouter paper's example (R2R, Qwen3-0.6B/32B on A100). Latencies are in
 milliseconds here; an L entry may be a list, one latency per batch size 1..N, or grow by a slope per
 row (``L_slope_ms``). ``--pools BUDGET`` sizes pools of workers instead (``throughput_pools.py``).
+With ``per_token_ms``, ``prompt_tokens`` and ``output_tokens`` (and optionally ``arrival_ms``) L are
+decode steps and every row is also charged its prefill/extend cost (``tokenrouter.throughput.prefill``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import yaml
 
 from tokenrouter.throughput import best_thresholds, predict
 from tokenrouter.throughput.montecarlo import simulate
+from tokenrouter.throughput.inputs import check_matrices
+from tokenrouter.throughput.prefill import PrefillCosts, per_row_charge
 
 from .throughput_pools import report_pools
 
@@ -54,6 +58,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-chain", dest="chain", action="store_false",
                         help="with --monte-carlo and --B: only the simulation (the chain is too large past "
                              "N of about 16; e.g. N = 64)")
+    parser.add_argument("--per-token-ms", dest="per_token_ms", type=float, nargs="+",
+                        help="per model, ms a step costs per prefill/extend token past a row's first; with "
+                             "--prompt-tokens and --output-tokens the model charges first-visit prefills and extends")
+    parser.add_argument("--arrival-ms", dest="arrival_ms", type=float, nargs="+",
+                        help="per model, ms a step costs per arriving row (a prefill or a resume), default 0")
+    parser.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, nargs=2, metavar=("LO", "HI"),
+                        help="prompt length of a new request, uniform in [LO, HI]")
+    parser.add_argument("--output-tokens", dest="output_tokens", type=int,
+                        help="tokens a request commits before it ends (a new one starts at the entry)")
     parser.add_argument("--pools", type=int, metavar="BUDGET",
                         help="size pools instead: simulated throughput of every split of BUDGET workers over the "
                              "models (requests pinned to one instance of each), and the best; thresholds from --B "
@@ -73,7 +86,8 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(loaded, dict):
             raise ValueError(f"{args.file}: expected a mapping with P, C, L_ms, delta_ms, N")
         values.update(loaded)
-    values.update({key: getattr(args, key) for key in ("P", "C", "L_ms", "L_slope_ms", "delta_ms", "N", "B")
+    values.update({key: getattr(args, key) for key in ("P", "C", "L_ms", "L_slope_ms", "delta_ms", "N", "B",
+                                                       "per_token_ms", "arrival_ms", "prompt_tokens", "output_tokens")
                    if getattr(args, key) is not None})
     if not args.chain and not (args.monte_carlo and values.get("B")):
         raise ValueError("--no-chain needs --monte-carlo and --B (one B to simulate)")
@@ -85,7 +99,22 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     values["N"] = [values["N"]] if isinstance(values["N"], int) else list(values["N"])
     values["L"] = _latencies(values["L_ms"], values.get("L_slope_ms"), max(values["N"]))
     values["delta"] = values["delta_ms"] / 1e3 if "delta_ms" in values else None
+    values["prefill"] = _prefill(values)
+    if values["prefill"] is not None and args.pools is not None:
+        raise ValueError("--pools does not charge prefills yet: leave out per_token_ms, prompt_tokens, output_tokens")
     return values
+
+
+def _prefill(values: dict[str, Any]) -> PrefillCosts | None:
+    keys = ("per_token_ms", "prompt_tokens", "output_tokens")
+    given = [key for key in keys if values.get(key) is not None]
+    if not given and values.get("arrival_ms") is None:
+        return None
+    if len(given) < len(keys):
+        raise ValueError(f"prefill charges need all of {', '.join(keys)}; got only {', '.join(given) or 'arrival_ms'}")
+    arrival = values.get("arrival_ms")
+    return PrefillCosts(tuple(x / 1e3 for x in values["per_token_ms"]), tuple(values["prompt_tokens"]),
+                        values["output_tokens"], tuple(x / 1e3 for x in arrival) if arrival is not None else None)
 
 
 def _latencies(L_ms: list, slopes_ms: list[float] | None, N: int) -> list:
@@ -105,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(f"P = {values['P']}\nC = {values['C']}\nL = {values['L_ms']} ms, delta = {values['delta_ms']} ms"
               + (f", handoff = {args.handoff_ms:g} ms" if args.handoff_ms else ""))
+        if values["prefill"] is not None:
+            print(_describe(values["prefill"], values))
         for n in values["N"]:
             _report(values, n, args)
     except (ValueError, OSError, yaml.YAMLError) as err:
@@ -113,16 +144,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe(prefill: PrefillCosts, values: dict[str, Any]) -> str:
+    charge = per_row_charge(*check_matrices(values["P"], values["C"]), prefill)
+    def ms(values: tuple[float, ...]) -> str:
+        return "/".join(f"{x * 1e3:.4g}" for x in values)
+    return (f"prefill: {ms(prefill.per_token_s)} ms per fed token, {ms(prefill.arrival)} ms per arriving row, "
+            f"prompts {prefill.prompt_tokens[0]}-{prefill.prompt_tokens[1]} tokens, {prefill.output_tokens} out; "
+            f"charge per row {ms(tuple(charge))} ms (latencies snapped to the grid)")
+
+
 def _report(values: dict[str, Any], n: int, args: argparse.Namespace) -> None:
     P, C, L, delta = values["P"], values["C"], values["L"], values["delta"]
+    prefill = values["prefill"]
+    snap = args.snap or prefill is not None  # charged latencies are rarely grid multiples
     handoff_s = args.handoff_ms / 1e3
     started = time.perf_counter()
     if values.get("B"):
         best = tuple(values["B"])
-        table = {best: predict(P, C, L, values["B"], n, delta, snap=args.snap, handoff_s=handoff_s)
+        table = {best: predict(P, C, L, values["B"], n, delta, snap=snap, handoff_s=handoff_s, prefill=prefill)
                  if args.chain else float("nan")}
     else:
-        best_list, table = best_thresholds(P, C, L, n, delta, snap=args.snap, handoff_s=handoff_s)
+        best_list, table = best_thresholds(P, C, L, n, delta, snap=snap, handoff_s=handoff_s, prefill=prefill)
         best = tuple(best_list)
     elapsed = time.perf_counter() - started
     shown = sorted(table, key=lambda B: -table[B])[:args.top] if args.top > 0 else sorted(table)
@@ -132,6 +174,6 @@ def _report(values: dict[str, Any], n: int, args: argparse.Namespace) -> None:
     for B in shown:
         line = f"{'*' if B == best else ' '} {str(list(B)):<14}{table[B]:>10.2f}"
         if args.monte_carlo:
-            line += f"{simulate(P, C, L, B, n, events=args.monte_carlo, handoff_s=handoff_s):>12.2f}"
+            line += f"{simulate(P, C, L, B, n, events=args.monte_carlo, handoff_s=handoff_s, prefill=prefill):>12.2f}"
         print(line)
     print(f"B* = {list(best)}  ({table[best]:.2f} tokens/s)")

@@ -154,14 +154,14 @@ def train_one(algo: str, args: argparse.Namespace, features: dict[str, torch.Ten
     network = build_network(arch)
     if algo == "r2r":
         network.token_embedding.copy_(features["embedding"])
-        inputs = (hidden, features["small_top1"], features["small_topk"])
+        inputs: tuple[torch.Tensor, ...] = (hidden, features["small_top1"], features["small_topk"])
     else:
         inputs = (hidden,)
     train, val = split
     result = train_network(network, inputs, labels, train, val, epochs=args.epochs, batch_size=args.train_batch,
                            lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, desc=f"train {algo}")
     choice = pick_threshold(result.val_scores, labels[val], args.target_recall)
-    metrics = {
+    metrics: dict[str, float | None] = {
         "label_positive_rate": float(labels.float().mean()),
         "val_positive_rate": float(labels[val].float().mean()),
         "val_auc": result.val_auc, "train_auc": result.train_auc, "best_epoch": result.best_epoch,

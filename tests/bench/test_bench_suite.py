@@ -14,10 +14,14 @@ from pathlib import Path
 import pytest
 
 from tokenrouter.config import load_config
+from tokenrouter.policies.base import RoutingPolicy
 from tokenrouter.throughput import predict
 from tokenrouter_tools.bench.loadgen import run_closed_loop
 from tokenrouter_tools.bench.records import RequestRecord, summarize
+from tokenrouter.throughput.prefill import PrefillCosts
 from tokenrouter_tools.bench.runner import Timing
+from tokenrouter_tools.bench.served import run_served
+from tokenrouter_tools.bench.stdserving import dispatch
 from tokenrouter_tools.bench.setups import LARGE, SMALL, sim_setup
 from tokenrouter_tools.bench.systems import SystemFactory, system_config
 from tokenrouter_tools.bench.thresholds import random_routing, step_latencies, thresholds_by_n
@@ -135,6 +139,20 @@ def answered(output: list[int]) -> RequestRecord:
     return record
 
 
+def test_the_dispatcher_records_a_text_prompt_without_a_tokenizer_as_an_error():
+    record = dispatch({}, RoutingPolicy(["slm", "llm"], "slm"), "slm", "def f():", codec=None, end_ids=[],
+                      max_model_len=64, max_tokens=4, seed=0, deadline=float("inf"))
+    assert record.finish_reason == "error" and "needs a tokenizer" in (record.error or ""), record
+
+
+def test_the_served_suite_refuses_a_config_without_a_tokenizer():
+    config = load_config({"models": {"slm": {"engine": "simulated", "profile": "tiny-cpu-small"},
+                                     "llm": {"engine": "simulated", "profile": "tiny-cpu-large"}}})
+    with pytest.raises(ValueError, match="the config needs a tokenizer"):
+        run_served(config, [1], Workload("short-long", (8, 16), 12, max_context=512), Timing(0.3, 1.0), reps=1,
+                   systems=("served",))
+
+
 def test_multi_turn_prompts_carry_the_conversation():
     workload = Workload("multi-turn", (3, 5), 4, turns=3, max_context=100)
     session = Session(workload, TokenPrompts(64, 63), seed=1, client=0)
@@ -175,3 +193,19 @@ def test_cli_compare_writes_json_with_per_repetition_ratios_and_a_plot(tmp_path:
     assert ratio["per_rep"] == pytest.approx([a["throughput"] / b["throughput"]
                                               for a, b in zip(runs["tokenrouter"], runs["eager_async"])])
     assert [c["ratio"] for c in result["checks"]] == ["tokenrouter / eager_async"]
+
+
+def test_validation_with_prefill_costs_charges_the_profiles_prices():
+    """--prefill-cost: each cell is predicted with the profiles' per-token prices and the workload's
+    lengths, next to the decode-only prediction; the starvation guard runs on the simulated clock."""
+    result = run_validate([2], Timing(0.2, 0.6), reps=1, max_tokens=8, time_scale=0.2, workload_kind="long-short",
+                          prefill_cost=True, monte_carlo=2000)
+    assert result["setup"]["max_wait_ms"] == pytest.approx(200.0 * 0.2)
+    prefill = PrefillCosts((1e-5, 5e-5), (1024, 2048), 8)
+    assert result["prefill"]["per_token_s"] == prefill.per_token_s
+    cell = {c["B1"]: c for c in result["cells"]}[1]
+    P, C = random_routing(cell["realized_rate"])
+    L = [[x / 1e3 for x in result["latencies_ms"][name][:2]] for name in (SMALL, LARGE)]
+    assert cell["predicted_at_realized"] == pytest.approx(predict(P, C, L, [1, 1], 2, 1e-4, snap=True, prefill=prefill))
+    assert cell["decode_only_at_realized"] > 1.2 * cell["predicted_at_realized"]  # 1.5k-token prefills are dear
+    assert cell["simulated_at_realized"] > 0

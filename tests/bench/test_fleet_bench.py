@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from tokenrouter.config import load_config
 from tokenrouter_tools.bench import fleet
 from tokenrouter_tools.bench.plots import plot_fleet
 
@@ -19,3 +22,10 @@ def test_markdown_and_plot_show_throughput_per_replica(tmp_path: Path) -> None:
     text = fleet.markdown(result)
     assert "| 4 replicas | 128 | 400.0 |" in text and "| 100.0 |" in text
     assert plot_fleet(result, tmp_path / "fleet.png").stat().st_size > 0
+
+
+def test_cpu_seconds_of_a_fleet_not_started_names_what_is_missing(tmp_path: Path) -> None:
+    config = load_config({"models": {"slm": {"engine": "simulated", "profile": "tiny-cpu-small"},
+                                     "llm": {"engine": "simulated", "profile": "tiny-cpu-large"}}})
+    with pytest.raises(RuntimeError, match="has not been started"):
+        fleet.Fleet(config, 1, tmp_path).cpu_seconds()

@@ -52,8 +52,16 @@ def test_every_shipped_policy_is_listed_here() -> None:
 
 @pytest.fixture(scope="module")
 def repository(tiny_pair, tmp_path_factory) -> Path:
-    """One rendered repository; each test edits its routing_policy model."""
-    return render_repository(routing_config(tiny_pair), tmp_path_factory.mktemp("policies-repo") / "repo")
+    """One rendered repository; each test edits its routing_policy model. Its models ask for
+    ``batch_threshold: auto`` (fixed B is served on the suite's routing server): a repository that said
+    so once rendered fine and failed at load ("... is 'auto' but no online estimator was given"); each
+    subserver process now runs its own estimator and trades observations with its peers
+    (tests/runtime/test_auto_per_process.py shows they solve), and the served output must still equal
+    the embedded engine's."""
+    config = routing_config(tiny_pair)
+    for spec in config["models"].values():
+        spec["batch_threshold"] = "auto"
+    return render_repository(config, tmp_path_factory.mktemp("policies-repo") / "repo")
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +111,7 @@ def test_policy_served_by_editing_the_routing_policy_model(policy, repository, e
     edit_routing_policy(repository, policy, SETTINGS[policy], weights)
     config = read_repository(repository)
     assert (config.policy.name, config.policy.params) == (policy, SETTINGS[policy])
+    assert {spec.batch_threshold for spec in config.models.values()} == {"auto"}
 
     server = start_server(repository)
     try:

@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from tokenrouter import TokenRouter
+from tokenrouter.procfs import proc_stat
 from tokenrouter.fleet.launcher import free_port_run, tiny_config
 from tokenrouter.launch.openai_process import free_port
 from helpers.launcher import children
@@ -202,9 +203,15 @@ def test_a_killed_replica_loses_no_request_and_is_started_again(fleet):
             pid = next(pid for pid in fleet.worker_pids()
                        if f"DYN_SYSTEM_PORT={fleet.status_ports[victim]}".encode()
                        in Path(f"/proc/{pid}/environ").read_bytes())
+            pair = _pair_processes(pid)
+            assert len(pair) == 1  # the worker runs its pair in a child process
             os.kill(pid, signal.SIGKILL)
             rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in "".join(rest[-3:]).replace(" ", "")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _running(pair[0]):
+        time.sleep(0.1)
+    assert not _running(pair[0])  # the killed worker's pair went with it
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (len(fleet.worker_pids()) == REPLICAS
                                                and fleet.healthy(fleet.status_ports[victim])):
@@ -214,8 +221,21 @@ def test_a_killed_replica_loses_no_request_and_is_started_again(fleet):
 
 def test_sigterm_drains_workers_then_frontend(fleet):
     workers = fleet.worker_pids()
+    pairs = [child for pid in workers for child in _pair_processes(pid)]
+    assert len(pairs) == REPLICAS
     fleet.process.send_signal(signal.SIGTERM)
     assert fleet.process.wait(90) == 0
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+    assert not any(_running(pid) for pid in pairs)
     frontend_end = (fleet.run_dir / "frontend.log").stat().st_mtime
     assert all((fleet.run_dir / f"worker-{i}.log").stat().st_mtime <= frontend_end for i in range(REPLICAS))
+
+
+def _pair_processes(worker: int) -> list[int]:
+    return [pid for pid in children(worker)
+            if "tokenrouter.fleet.pair_host" in Path(f"/proc/{pid}/cmdline").read_text()]
+
+
+def _running(pid: int) -> bool:
+    """Not exited (a zombie waiting for its re-parented init to reap it has exited)."""
+    return (stat := proc_stat(pid)) is not None and stat.state != "Z"

@@ -11,10 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from tokenrouter.config import load_config
 from tokenrouter.launch.openai_process import free_port
+from tokenrouter.launch.serve import TINY_CONFIG, TINY_FAMILY, TINY_SEED
 from tokenrouter.launch.processes import process_alive
 from tokenrouter.launch.triton_server import Ports
 from tokenrouter.procfs import proc_stat
+from tokenrouter.serving.repository import render_repository
+from tokenrouter_engines.tiny import ensure_tiny_pair
 
 
 def descendants(pid: int) -> list[int]:
@@ -32,6 +36,17 @@ def triton_pid(launcher_pid: int) -> int:
     """The tritonserver the launcher runs now (its other child is the OpenAI server)."""
     return next(pid for pid in children(launcher_pid)
                 if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver")
+
+
+def tiny_repository(out: Path) -> Path:
+    """What `tokenrouter serve --tiny --model-repository out` renders, with one front (tokenrouter) in
+    place of three: two stubs fewer per start (each loads a tokenizer, ~4 s of CPU), for the tests of
+    the server's life (drain, faults, reload) that call no other front. --tiny itself: test_serve.py."""
+    raw = load_config(TINY_CONFIG).model_dump()
+    pair = ensure_tiny_pair(TINY_FAMILY, TINY_SEED)
+    raw["models"]["slm"]["path"], raw["models"]["llm"]["path"] = str(pair["small"]), str(pair["large"])
+    raw["frontend"].update(names=["tokenrouter"], one_token_per_response=[])
+    return render_repository(raw, out)
 
 
 def launch(*args: str, python: str = sys.executable, cwd: Path | None = None,

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from tokenrouter.client import grpc_stream, http_generate, inputs
 from helpers.routing import PROMPTS
-from helpers.launcher import launch, triton_pid
+from helpers.launcher import launch, tiny_repository, triton_pid
 from tokenrouter.launch.processes import stub_pids
 from tokenrouter.procfs import proc_stat
 
@@ -76,7 +76,7 @@ def _start_report(launcher_pid: int) -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
-    launcher, ports = launch("--tiny", "--model-repository", str(tmp_path_factory.mktemp("faults") / "repo"))
+    launcher, ports = launch("--model-repository", str(tiny_repository(tmp_path_factory.mktemp("faults") / "repo")))
     log: list[str] = []  # keep reading: a full pipe would block the launcher's log forwarding
     threading.Thread(target=lambda: log.extend(launcher.stdout), daemon=True).start()
     yield launcher, ports, log

@@ -16,7 +16,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from helpers.routing import PROMPTS
-from helpers.launcher import launch, triton_pid
+from helpers.launcher import launch, tiny_repository, triton_pid
 from tokenrouter.client import GrpcStream, grpc_stream, http_generate, inputs
 
 OPEN_STREAMS, IN_FLIGHT, MAX_TOKENS = 20, 6, 200
@@ -40,7 +40,7 @@ def _wait_for(lines: list[str], text: str, timeout_s: float) -> None:
 
 def test_a_reload_after_a_burst_with_twenty_open_streams_loses_no_request_and_applies_the_edit(tmp_path: Path):
     repository = tmp_path / "repo"
-    launcher, ports = launch("--tiny", "--model-repository", str(repository), "--drain-timeout=120")
+    launcher, ports = launch("--model-repository", str(tiny_repository(repository)), "--drain-timeout=120")
     lines = _lines(launcher)
     url = f"127.0.0.1:{ports.grpc}"
     streams = [GrpcStream(url) for _ in range(OPEN_STREAMS)]

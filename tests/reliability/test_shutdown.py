@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from tokenrouter.client import GrpcStream, grpc_stream, inputs
 from helpers.routing import PROMPTS
-from helpers.launcher import descendants, launch, wait_stopped
+from helpers.launcher import descendants, launch, tiny_repository, wait_stopped
 from tokenrouter.launch.shared_memory import SHM_DIR, SHM_PATTERN, shm_regions_of
 from tokenrouter.launch.triton_install import TritonInstall
 from tokenrouter.launch.triton_server import Ports, TritonServer
@@ -73,7 +73,7 @@ def _refused_within(url: str, seconds: float) -> bool:
 def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path) -> None:
     """Sixteen gRPC streams and two through the OpenAI server: all finish after SIGTERM, new requests
     are refused by both servers, nothing is left."""
-    launcher, ports = launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=60")
+    launcher, ports = launch("--model-repository", str(tiny_repository(tmp_path / "repo")), "--drain-timeout=60")
     url = f"127.0.0.1:{ports.grpc}"
     try:
         server_pids = descendants(launcher.pid)
@@ -126,7 +126,7 @@ def test_sigterm_after_traffic_stops_in_seconds_while_clients_stay_connected(tmp
     for the idle clients (48-50 s in all). Now no front is unloaded: the drain ends when the fronts
     answer that none is in flight and the entry holds no request, and tritonserver is given a short
     exit timeout."""
-    launcher, ports = launch("--tiny", "--model-repository", str(tmp_path / "repo"))
+    launcher, ports = launch("--model-repository", str(tiny_repository(tmp_path / "repo")))
     url = f"127.0.0.1:{ports.grpc}"
     streams = [GrpcStream(url) for _ in range(IDLE_CLIENTS)]
     keep_alive = http.client.HTTPConnection("127.0.0.1", ports.http, timeout=60)
@@ -163,7 +163,7 @@ def _outcome(stream: concurrent.futures.Future) -> bytes | str:
 
 
 def test_requests_that_outlast_the_drain_timeout_end_with_a_clear_reason(tmp_path: Path) -> None:
-    launcher, ports = launch("--tiny", "--model-repository", str(tmp_path / "repo"), "--drain-timeout=1")
+    launcher, ports = launch("--model-repository", str(tiny_repository(tmp_path / "repo")), "--drain-timeout=1")
     url = f"127.0.0.1:{ports.grpc}"
     try:
         with concurrent.futures.ThreadPoolExecutor(6) as pool:

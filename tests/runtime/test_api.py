@@ -129,6 +129,12 @@ def test_bad_input_is_refused_and_others_go_on(engine, kwargs, match):
     assert good.wait(30).finish_reason in ("length", "eos")
 
 
+@pytest.mark.parametrize("prompts", [["x = 1", 3], [3, "x = 1"], [[3, 4], 5]])
+def test_a_batch_mixing_token_ids_with_prompts_is_refused(engine, prompts):
+    with pytest.raises(RequestError, match="a prompt must be a string or a sequence of int token ids"):
+        engine.generate(prompts, max_tokens=4)
+
+
 def test_shutdown_ends_requests_in_flight(tiny_config):
     engine = TokenRouter.from_config(tiny_config("slm_only"))
     handles = [engine.submit([3, 4, 5], max_tokens=2000) for _ in range(4)]

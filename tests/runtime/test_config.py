@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from config_changes import changed
-from tokenrouter.config import ConfigError, load_config
+from tokenrouter.config import ConfigError, TokenRouterConfig, load_config
 
 BASE = {"models": {"slm": {"engine": "simulated", "profile": "tiny-cpu-small"},
                    "llm": {"engine": "simulated", "profile": "tiny-cpu-large"}}}
@@ -39,6 +39,23 @@ def test_errors_name_the_field(changes, field, allowed):
 def test_one_model_is_not_routing():
     with pytest.raises(ConfigError, match="at least 2 models"):
         load_config({"models": {"only": {"engine": "simulated", "profile": "x"}}})
+
+
+def test_models_not_a_mapping_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match="models: Input should be a valid dictionary"):
+        load_config({"models": [BASE["models"]["slm"], BASE["models"]["llm"]]})
+
+
+@pytest.mark.parametrize("raw", [BASE, {**BASE, "entry": None}, TokenRouterConfig(**BASE).model_dump(mode="json")])
+def test_an_entry_left_out_or_null_is_the_first_model(raw):
+    assert load_config(raw).entry == "slm"
+
+
+def test_refused_models_report_no_entry_error():
+    """The entry defaults from the models: when they are refused, only they are named."""
+    with pytest.raises(ConfigError) as caught:
+        load_config({"models": ["slm", "llm"], "entry": None})
+    assert "entry" not in str(caught.value) and "models: Input should be" in str(caught.value), str(caught.value)
 
 
 def test_thresholds_by_active_count_and_entry_default():

@@ -62,3 +62,20 @@ def test_handoff_ms_and_the_simulation_alone(tmp_path: Path, capsys: pytest.Capt
     assert re.search(r"\* \[1, 1\]\s+100\.00\s+100\.0\d", capsys.readouterr().out)
     assert main([*argv, "--no-chain"]) == 0
     assert re.search(r"\* \[1, 1\]\s+nan\s+100\.0\d", capsys.readouterr().out)
+
+
+def test_prefill_charges_from_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One model, one request of 8 tokens whose first step prefills 31 prompt tokens: 8 tokens per
+    (8 * 4 + 30 * 0.1 + 2) ms = 216.22 tokens/s, in the chain (fine grid) and in the simulation."""
+    spec = tmp_path / "pair.yaml"
+    spec.write_text("P: [[1]]\nC: [[1]]\nL_ms: [4.0]\ndelta_ms: 0.0001\nN: 1\nB: [1]\n"
+                    "per_token_ms: [0.1]\narrival_ms: [2.0]\nprompt_tokens: [31, 31]\noutput_tokens: 8\n")
+    assert main(["throughput", "--file", str(spec), "--monte-carlo", "4000"]) == 0
+    out = capsys.readouterr().out
+    assert "charge per row 0.625 ms" in out
+    assert re.search(r"\* \[1\]\s+216\.2\d\s+216\.2\d", out)
+
+
+def test_prefill_charges_need_every_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["throughput", "--paper", "--per-token-ms", "0.01", "0.05", "--output-tokens", "32"]) == 2
+    assert "prefill charges need all of" in capsys.readouterr().err

@@ -44,7 +44,9 @@ def baseline_tree(ref: str) -> tuple[Path, Path]:
         _git("worktree", "add", "--detach", str(tree), commit)
     python = tree / ".venv" / "bin" / "python"
     if not python.exists():
-        subprocess.run([sys._base_executable, "-m", "venv", str(tree / ".venv")], check=True)
+        # the base interpreter under this venv: CPython's sys._base_executable, which typeshed leaves out
+        base_python = getattr(sys, "_base_executable", sys.executable)
+        subprocess.run([base_python, "-m", "venv", str(tree / ".venv")], check=True)
         site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               check=True, capture_output=True, text=True).stdout.strip()
         # sorted before the editable finder's own path file, which imports setuptools from here

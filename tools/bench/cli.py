@@ -1,6 +1,7 @@
 """`tokenrouter bench SUITE ...`: run one suite, print markdown, write JSON (and a PNG plot).
 
     tokenrouter bench validate [--N 2 3 4 5 6 7 8] [--reps 1]          model vs measurement (simulated)
+    tokenrouter bench step-costs --config C --N 8 --out pair.yaml      step costs for `tokenrouter throughput`
     tokenrouter bench compare --pair sim|tiny|real [--clients 8]       systems side by side, ratios vs targets
     tokenrouter bench sweep --pair sim [--concurrency 1 2 4 8 16]       workloads x concurrency x systems
     tokenrouter bench served [--config configs/tiny.yaml] [--clients 8 ...]  Triton gRPC vs embedded
@@ -41,6 +42,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--N", type=int, nargs="+", default=list(range(2, 9)), help="concurrencies (default 2..8)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="run the simulated clock this many times slower (throughput converted back)")
+    p.add_argument("--workload", choices=("short-long", "long-short"), default="short-long")
+    p.add_argument("--prefill-cost", action="store_true",
+                   help="keep the profiles' per-token prefill/extend cost, and charge it in the model (else zeroed)")
+    p.add_argument("--monte-carlo", type=int, default=0, metavar="EVENTS",
+                   help="also the discrete-event simulation per cell, with this many batch completions")
     _common(p, reps=1, pair=False)
 
     p = suites.add_parser("compare", help="all systems side by side at one concurrency, ratios vs targets")
@@ -77,6 +83,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="fleet sizes, all up at once, runs alternated (default 1 2 4; the first is the reference)")
     p.add_argument("--per-replica", type=int, default=32, help="closed-loop clients per replica (default 32)")
     _common(p, reps=3, pair=False)
+
+    p = suites.add_parser("step-costs", help="an engine pair's step costs as the throughput model takes them "
+                                             "(decode per batch size, per-token and per-arrival feed costs)")
+    p.add_argument("--config", type=Path, default=SIM_A100, help="YAML config whose models are measured "
+                                                                 "(default configs/sim-a100.yaml)")
+    p.add_argument("--N", type=int, default=8, help="largest batch size (= concurrent requests), default 8")
+    p.add_argument("--context", type=int, default=256, help="tokens each measured sequence prefills first")
+    p.add_argument("--extends", type=int, nargs="+", default=[1, 8, 64], help="extend sizes k timed (default 1 8 64)")
+    p.add_argument("--samples", type=int, default=3, help="timed steps per point (median)")
+    p.add_argument("--rate", type=float, help="write P and C of random routing at this rate into the file")
+    p.add_argument("--prompt-tokens", type=int, nargs=2, metavar=("LO", "HI"), help="the workload's prompts")
+    p.add_argument("--output-tokens", type=int, help="the workload's output tokens per request")
+    p.add_argument("--out", type=Path, help="write the `tokenrouter throughput --file` YAML here")
+    p.add_argument("--json", type=Path, help="raw results (default results/bench-step-costs-<config>.json)")
+    p.set_defaults(plot=None, markdown=None)
 
     p = suites.add_parser("against", help="this tree vs a baseline commit: the served suite, runs alternated")
     p.add_argument("ref", help="the baseline: a commit, branch or tag (e.g. HEAD~1)")
@@ -118,7 +139,9 @@ def _factory(args: argparse.Namespace) -> SystemFactory:
 
 def _validate(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:
     result = validate.run_validate(args.N, _timing(args, "sim"), reps=args.reps, seed=args.seed,
-                                   max_tokens=args.max_tokens, time_scale=args.time_scale)
+                                   max_tokens=args.max_tokens, time_scale=args.time_scale,
+                                   workload_kind=args.workload, prefill_cost=args.prefill_cost,
+                                   monte_carlo=args.monte_carlo)
     return result, validate.markdown, plot_validate, "sim"
 
 
@@ -168,8 +191,36 @@ def _against(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, None, 
     return result, against.markdown, None, args.ref.replace("/", "-")
 
 
-SUITES = {"validate": _validate, "compare": _compare, "sweep": _sweep, "served": _served, "fleet": _fleet,
-          "against": _against}
+def _step_costs(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, None, str]:
+    import yaml
+
+    from tokenrouter.config import load_config
+    from tokenrouter.engine.factory import create_engine
+
+    from .step_costs import measure_step_costs, pair_file
+
+    config = load_config(args.config)
+    costs = {}
+    for name, spec in config.models.items():  # one engine at a time: each gets the machine to itself
+        engine = create_engine(name, spec)
+        try:
+            costs[name] = measure_step_costs(engine, args.N, context=args.context, extends=args.extends,
+                                             samples=args.samples)
+        finally:
+            engine.close()
+    inputs = pair_file(costs, list(config.models), rate=args.rate, N=args.N,
+                       prompt_tokens=tuple(args.prompt_tokens) if args.prompt_tokens else None,
+                       output_tokens=args.output_tokens)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(yaml.safe_dump(inputs, default_flow_style=None, sort_keys=False))
+    return {"suite": "step-costs", "config": str(args.config), "costs": costs, "inputs": inputs}, \
+        lambda result: yaml.safe_dump(result["inputs"], default_flow_style=None, sort_keys=False), None, \
+        Path(args.config).stem
+
+
+SUITES = {"validate": _validate, "step-costs": _step_costs, "compare": _compare, "sweep": _sweep, "served": _served,
+          "fleet": _fleet, "against": _against}
 
 
 def run(args: argparse.Namespace) -> int:

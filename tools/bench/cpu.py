@@ -8,7 +8,7 @@ path per process (tritonserver itself, and each Python stub by the model it runs
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
 
 from tokenrouter.procfs import proc_stat
@@ -25,7 +25,7 @@ def _stub_model(cmdline: list[str]) -> str | None:
 def group_cpu_by_process(pgid: int) -> dict[str, float]:
     """User + system CPU seconds of the live processes in process group ``pgid`` (Linux /proc), by
     process: a stub under its model's name, anything else under its command name."""
-    seconds: Counter = Counter()
+    seconds: defaultdict[str, float] = defaultdict(float)
     for proc in Path("/proc").glob("[0-9]*"):
         stat = proc_stat(proc.name)
         if stat is None or stat.pgrp != pgid:

@@ -70,6 +70,8 @@ class Fleet:
 
     def cpu_seconds(self) -> dict[str, float]:
         """The frontend's and each worker's CPU seconds (each runs in a process group of its own)."""
+        if self.process is None:
+            raise RuntimeError(f"the fleet in {self.folder} has not been started: no CPU seconds to read")
         seconds: dict[str, float] = {}
         for pid in _children(self.process.pid):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()

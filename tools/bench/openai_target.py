@@ -30,6 +30,8 @@ class OpenAITarget:
         """``extra_body``: more request fields (NVIDIA Dynamo's frontend: ``nvext``, for engine_data)."""
         self.extra_body = extra_body or {}
         parts = urlsplit(url)
+        if parts.hostname is None:
+            raise ValueError(f"the OpenAI server's URL names no host: {url!r}")
         self.host, self.port, self.large, self.model, self.entry = parts.hostname, parts.port, large, model, entry
         self._connections = PerThread(lambda: http.client.HTTPConnection(self.host, self.port,
                                                                          timeout=RESPONSE_TIMEOUT_S))
@@ -48,7 +50,8 @@ class OpenAITarget:
         if reply.status != 200:
             record.finish("error", "", reply.read().decode(errors="replace"))
             return record
-        text, counted, reason, share = [], 0, None, 0.0
+        text: list[str] = []
+        counted, reason, share = 0, None, 0.0
         for line in reply:
             if not line.startswith(b"data: "):
                 continue

@@ -27,7 +27,7 @@ import threading
 import time
 from concurrent import futures
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 from tokenrouter.protocol import PeerMessage, decode_batch, encode_batch
 from tokenrouter.serving.repository import model_config, write_model
@@ -98,7 +98,11 @@ class GrpcioChannel:
         call = self._channel.stream_stream(METHOD)(iter(self._outbox.get, None),
                                                   metadata=(("tokenrouter-pair-secret", "x" * 43),))
         self._acks: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [self._acks.put(None) for _ in call], daemon=True).start()
+        threading.Thread(target=self._count_acks, args=(call,), daemon=True).start()
+
+    def _count_acks(self, call: Iterable[bytes]) -> None:
+        for _ in call:
+            self._acks.put(None)
 
     def send(self, payload: bytes) -> None:
         self._outbox.put(payload)
@@ -183,7 +187,7 @@ def run_grpcio(sizes: list[int], batches: int, rate: float) -> list[dict]:
     process = subprocess.Popen([sys.executable, "-m", "tokenrouter_tools.bench.peer_channel", "--serve-grpcio",
                                 str(port)], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert process.stdout.readline().strip() == "ready"
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
         channel = GrpcioChannel(f"127.0.0.1:{port}")
         rows = [measure(channel, lambda: group_cpu_seconds(process.pid), size, batches, rate) for size in sizes]
         channel.close()
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_grpcio(args.serve_grpcio)
         return 0
     runners = {"triton": run_triton, "grpcio": run_grpcio}
-    result = {"load_before": os.getloadavg()}
+    result: dict[str, Any] = {"load_before": os.getloadavg()}
     for channel in args.channels:
         result[channel] = runners[channel](args.sizes, args.batches, args.rate)
     result["load_after"] = os.getloadavg()

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 Prompt = str | list[int]
 
@@ -77,6 +77,10 @@ class Window:
     def length(self) -> float:
         return self.end - self.start
 
+    def contains(self, at: float | None) -> bool:
+        """Whether ``at`` falls inside the window (None: it never happened)."""
+        return at is not None and self.start <= at < self.end
+
     def overlap(self, start: float, end: float) -> float:
         return max(0.0, min(end, self.end) - max(start, self.start))
 
@@ -103,7 +107,7 @@ class Summary:
 
 
 def summarize(records: Sequence[RequestRecord], window: Window, clients: int, *, large: str,
-              steps: dict[str, Sequence[tuple[float, float]]] | None = None) -> Summary:
+              steps: Mapping[str, Sequence[tuple[float, float]]] | None = None) -> Summary:
     """The metrics of one run; ``steps`` maps each model to its engine steps as (start, end).
 
     Latencies come from requests that finished inside the window, TTFTs from first tokens inside
@@ -111,9 +115,9 @@ def summarize(records: Sequence[RequestRecord], window: Window, clients: int, *,
     short window are under-represented, which the window length bounds).
     """
     tokens = sum(count for r in records for at, count in r.arrivals if window.start <= at < window.end)
-    done = [r for r in records if r.complete and window.start <= r.finished < window.end]
-    ttfts = [r.ttft for r in records if r.arrivals and window.start <= r.arrivals[0][0] < window.end]
-    latencies = [r.latency for r in done]
+    done = [r for r in records if r.complete and window.contains(r.finished)]
+    ttfts = [r.ttft for r in records if r.ttft is not None and window.contains(r.arrivals[0][0])]
+    latencies = [r.latency for r in done if r.latency is not None]
     speeds = [r.output_tokens / r.latency for r in done if r.latency]
     attributed: Counter = Counter()
     for r in records:

@@ -50,7 +50,7 @@ def measure(factory: SystemFactory, system: str, clients: int, workload: Workloa
 
 def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over repetitions of the summary numbers (busy fractions per model too)."""
-    out = {key: median_of(row[key] for row in rows) for key in SUMMARY_KEYS}
+    out: dict[str, Any] = {key: median_of(row[key] for row in rows) for key in SUMMARY_KEYS}
     out["busy"] = {model: median_of(row["busy"].get(model) for row in rows) for model in rows[0]["busy"]}
     out["throughput_all"] = [row["throughput"] for row in rows]
     return out

@@ -102,6 +102,9 @@ def run_served(config: TokenRouterConfig, clients: Sequence[int], workload: Work
                          f"clients would queue (raise scheduling.max_active)")
     engines = ({name: create_engine(name, spec) for name, spec in config.models.items()}
                if "embedded" in systems else {})
+    if config.tokenizer_path is None:
+        raise ValueError("the served suite sends text: the config needs a tokenizer (tokenizer, or the entry "
+                         "model's path)")
     codec = TextCodec.from_path(config.tokenizer_path, chat_template=config.chat_template)
     install = find_triton()
     with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
@@ -117,12 +120,12 @@ def run_served(config: TokenRouterConfig, clients: Sequence[int], workload: Work
                               exit_timeout_s=5)
         api = OpenAIServer(repository, server.grpc_url, port=free_port(), log_sink=sink, drain_timeout_s=5)
         placed: dict[str, LoopbackNodes] = {}
-        fleet = Fleet(config, 1, Path(tmp) / DYNAMO) if DYNAMO in systems else None
+        fleets = {DYNAMO: Fleet(config, 1, Path(tmp) / DYNAMO)} if DYNAMO in systems else {}
         if TWO_SERVERS in systems:
             systems = [s for s in systems if s != TWO_SERVERS] + [two_servers(d) for d in peer_delays_ms]
         try:
             server = server.start_ready(600)
-            if fleet is not None:
+            for fleet in fleets.values():
                 fleet.start()
             if "openai" in systems:
                 api.triton_url = server.grpc_url
@@ -132,10 +135,10 @@ def run_served(config: TokenRouterConfig, clients: Sequence[int], workload: Work
                 placed[two_servers(delay)] = LoopbackNodes(
                     on_loopback(config, ports, delay), ports, Path(tmp) / two_servers(delay), install, backend_dir,
                     sink).start_all()
-            points = [_compare_at(n, config, engines, codec, server, api, placed, fleet, workload, timing, reps,
+            points = [_compare_at(n, config, engines, codec, server, api, placed, fleets, workload, timing, reps,
                                   seed, systems) for n in clients]
         finally:
-            if fleet is not None:
+            for fleet in fleets.values():
                 fleet.stop()
             for nodes in placed.values():
                 nodes.stop()
@@ -150,7 +153,7 @@ def run_served(config: TokenRouterConfig, clients: Sequence[int], workload: Work
 
 
 def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engine], codec: TextCodec,
-                server: TritonServer, api: OpenAIServer, placed: dict[str, LoopbackNodes], fleet: Fleet | None,
+                server: TritonServer, api: OpenAIServer, placed: dict[str, LoopbackNodes], fleets: dict[str, Fleet],
                 workload: Workload, timing: Timing, reps: int, seed: int, systems: Sequence[str]) -> dict[str, Any]:
     large = next(name for name in config.model_names if name != config.entry)
 
@@ -162,8 +165,8 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
     def cpu_seconds(system: str) -> dict[str, float]:
         """this process (the clients, and the runtime when embedded) and each process of the system's servers"""
         seconds = {"this process": own_cpu_seconds()}
-        if system == DYNAMO:
-            return {**seconds, **{f"fleet: {name}": s for name, s in fleet.cpu_seconds().items()}}
+        if system in fleets:
+            return {**seconds, **{f"fleet: {name}": s for name, s in fleets[system].cpu_seconds().items()}}
         for where, triton in servers(system).items():
             seconds.update({f"{where}: {name}": s for name, s in group_cpu_by_process(triton.running.pid).items()})
         if api.alive() and system not in placed:
@@ -172,7 +175,7 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
 
     def scrape(system: str) -> dict[str, prometheus.Samples]:
         """Triton's metrics of the system's servers (none for Dynamo's fleet)"""
-        return {} if system == DYNAMO else {where: prometheus.scrape(f"127.0.0.1:{triton.ports.metrics}")
+        return {} if system in fleets else {where: prometheus.scrape(f"127.0.0.1:{triton.ports.metrics}")
                                             for where, triton in servers(system).items()}
 
     def target(system: str) -> Target:
@@ -180,8 +183,8 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
             return EmbeddedTarget(TokenRouter(config, engines=engines, codec=codec, step_log=STEP_LOG), large)
         if system in placed:
             return TritonTarget(placed[system].entry.grpc_url, large)
-        if system == DYNAMO:
-            return fleet.target(large)
+        if system in fleets:
+            return fleets[system].target(large)
         return TritonTarget(server.grpc_url, large) if system == "served" else OpenAITarget(api.url, large)
 
     def run(system: str, rep: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +63,16 @@ class Setup:
                 "max_wait_ms": self.max_wait_ms, "max_model_len": self.max_model_len, "notes": self.notes}
 
 
-def sim_setup(rate: float = 0.35, *, prefill_cost: bool = True, time_scale: float = 1.0) -> Setup:
+def sim_setup(rate: float = 0.35, *, prefill_cost: bool = True, eos: bool = True, time_scale: float = 1.0) -> Setup:
     """``prefill_cost=False`` zeroes the per-token prefill/extend cost, so a step costs exactly the
-    batch-size latency the Markov model takes (used by the model validation)."""
+    batch-size latency; ``eos=False`` lets every request run to its token cap (the model validation
+    uses both: the throughput model's inputs are then the system's)."""
     def model(profile: str) -> dict[str, Any]:
         overrides: dict[str, Any] = {"base": profile, "time_scale": time_scale}
         if not prefill_cost:
             overrides["per_token_ms"] = 0.0
+        if not eos:
+            overrides["eos_rate"] = 0.0
         # a large pool: the simulated KV is accounting only, and std-serving's cache may fill it
         return {"engine": "simulated", "profile": overrides, "kv_cache_tokens": 1 << 19, "max_batch_size": 32,
                 "max_prefill_tokens": 8192}
@@ -80,7 +84,7 @@ def sim_setup(rate: float = 0.35, *, prefill_cost: bool = True, time_scale: floa
             "long-short": Workload("long-short", (1024, 2048), 32),
             "multi-turn": Workload("multi-turn", (32, 96), 64, turns=4),
         },
-        max_wait_ms=200.0, max_model_len=32768,
+        max_wait_ms=200.0 * time_scale, max_model_len=32768,  # the guard on the simulated clock
         notes=["simulated engine: paper A100 step latencies (6.0 / 27.9 ms at batch 1) by sleeping"],
     )
 
@@ -129,11 +133,14 @@ def real_setup(rate: float = 0.1, threads: int | None = 2) -> Setup:
 
 
 def make_setup(kind: str, *, rate: float | None = None, threads: int | None = None) -> Setup:
+    """The pair setup ``kind``; ``rate`` and ``threads`` override its own defaults where given."""
     if kind == "sim":
-        return sim_setup(**({"rate": rate} if rate is not None else {}))
-    extra = {k: v for k, v in (("rate", rate), ("threads", threads)) if v is not None}
-    if kind == "tiny":
-        return tiny_setup(**extra)
-    if kind == "real":
-        return real_setup(**extra)
-    raise ValueError(f"unknown pair setup '{kind}'; allowed: {', '.join(PAIR_SETUPS)}")
+        return sim_setup() if rate is None else sim_setup(rate)
+    if kind not in ("tiny", "real"):
+        raise ValueError(f"unknown pair setup '{kind}'; allowed: {', '.join(PAIR_SETUPS)}")
+    setup = partial(tiny_setup if kind == "tiny" else real_setup)
+    if rate is not None:
+        setup = partial(setup, rate=rate)
+    if threads is not None:
+        setup = partial(setup, threads=threads)
+    return setup()

@@ -107,7 +107,8 @@ class PlainServer:
 
     def _form_batch(self) -> list[tuple[_Call, object, int]]:
         """Queued calls in arrival order, each placed on a sequence: (call, seq id, cached tokens)."""
-        batch, budget = [], self.max_prefill_tokens
+        batch: list[tuple[_Call, object, int]] = []
+        budget = self.max_prefill_tokens
         while len(batch) < self.max_batch_size:
             with self._ready:
                 if not self._queue:
@@ -168,7 +169,7 @@ class PlainServer:
         self.step_log.append((start, end))
         self.batch_sizes.append(len(rows))
         for i, (call, seq_id, _) in enumerate(batch):
-            call.logits = result.logits[i]
+            call.logits = result.require_logits()[i]
             call.hidden = result.hidden[i] if result.hidden is not None else None
             self.cache.insert(seq_id, call.tokens)  # its KV now covers the whole context
             call.done.set()
@@ -221,16 +222,24 @@ def dispatch(models: dict[str, FullRecompute], policy: RoutingPolicy, entry: str
     answered by ``models[name]`` (one call per token), the tokens stamped as the calls return."""
     record = RequestRecord()
     names = list(models)
-    ids = codec.encode_prompt(prompt) if isinstance(prompt, str) else list(prompt)
+    ids: list[int]
+    if isinstance(prompt, str):
+        if codec is None:
+            record.finish("error", [], "a text prompt needs a tokenizer; this dispatcher has none")
+            return record
+        ids = codec.encode_prompt(prompt)
+    else:
+        ids = list(prompt)
     spec = RequestSpec(prompt_len=len(ids), max_tokens=max_tokens, seed=seed, end_ids=end_ids)
     # Tokens committed after a call were written by that call's model (the dispatcher commits
     # the sampled token of the model it just called): stamp them when the next call goes out.
-    last = {"length": len(ids), "model": entry}
+    last_length, last_model = len(ids), entry
 
     def served(name: str) -> FullRecompute:
         def forward(tokens: list[int]):
-            record.add(len(tokens) - last["length"], [last["model"]] * (len(tokens) - last["length"]))
-            last["length"], last["model"] = len(tokens), name
+            nonlocal last_length, last_model
+            record.add(len(tokens) - last_length, [last_model] * (len(tokens) - last_length))
+            last_length, last_model = len(tokens), name
             if time.monotonic() >= deadline:
                 raise _Cut
             return models[name](tokens)
@@ -245,7 +254,7 @@ def dispatch(models: dict[str, FullRecompute], policy: RoutingPolicy, entry: str
     except Exception as exc:
         record.finish("error", [], f"{type(exc).__name__}: {exc}")
         return record
-    done = len(ids) + len(output) - last["length"]
+    done = len(ids) + len(output) - last_length
     record.add(done, [names[o] for o in origins[len(origins) - done:]])
-    record.finish(reason, codec.decode(output) if isinstance(prompt, str) else output)
+    record.finish(reason, codec.decode(output) if codec is not None and isinstance(prompt, str) else output)
     return record

@@ -12,13 +12,19 @@ import threading
 import time
 from typing import Callable, Generic, Protocol, TypeVar
 
-from tokenrouter.runtime.api import TokenRouter
+from tokenrouter.runtime.api import GenerationResult, TokenRouter
 from tokenrouter.request_builder import RequestError
 
 from .records import Prompt, RequestRecord
 
 Spans = dict[str, list[tuple[float, float]]]
-Closable = TypeVar("Closable")
+
+
+class _Closes(Protocol):
+    def close(self) -> None: ...
+
+
+Closable = TypeVar("Closable", bound=_Closes)
 STEP_LOG = 100_000  # step records kept per subserver of an embedded target (for step_spans)
 
 
@@ -62,6 +68,15 @@ class PerThread(Generic[Closable]):
             thing.close()
 
 
+def _output(prompt: Prompt, result: GenerationResult) -> Prompt:
+    """The text for a text prompt, else the token ids."""
+    if not isinstance(prompt, str):
+        return result.token_ids
+    if result.text is None:  # submit refuses text when the engine has no tokenizer: not reached
+        raise RuntimeError("the embedded engine returned no text for a text prompt")
+    return result.text
+
+
 class EmbeddedTarget:
     """The embedded Python API (TokenRouter.submit); tokens are stamped when the entry
     subserver hands them to the request's handle."""
@@ -96,8 +111,7 @@ class EmbeddedTarget:
             record.add(total - counted, at=at)
             counted = max(counted, total)
         record.tokens_by_model.update(result.models)
-        record.finish(result.finish_reason, result.text if isinstance(prompt, str) else result.token_ids,
-                      result.error)
+        record.finish(result.finish_reason, _output(prompt, result), result.error)
         return record
 
     def step_spans(self) -> Spans:

@@ -78,12 +78,6 @@ def _large(config: TokenRouterConfig) -> str:
     return next(name for name in config.model_names if name != config.entry)
 
 
-def _entry(config: TokenRouterConfig) -> str:
-    if config.entry is None:
-        raise ValueError("the config names no entry model")
-    return config.entry
-
-
 def _path(spec: ModelSpec) -> Path:
     if spec.path is None:
         raise ValueError("a vLLM server needs the model's path")
@@ -111,7 +105,7 @@ def tokenrouter_openai(config: TokenRouterConfig) -> Iterator[Opened]:
             server = server.start_ready(READY_S)
             api.triton_url = server.grpc_url
             api.start().wait_ready(300)
-            yield lambda: OpenAITarget(api.url, _large(config), entry=_entry(config)), {}
+            yield lambda: OpenAITarget(api.url, _large(config), entry=config.entry), {}
         finally:
             api.stop(grace_s=5)
             server.stop()
@@ -127,9 +121,9 @@ def std_serving_vllm(config: TokenRouterConfig, clients: int, codec: TextCodec,
     try:
         for server in servers.values():  # one after the other: started together, one failed to start here
             server.start().wait_ready(READY_S)
-        vocab = vocab_size(_path(config.models[_entry(config)]))
+        vocab = vocab_size(_path(config.models[config.entry]))
         yield (lambda: VllmStdServingTarget({n: s.url for n, s in servers.items()}, create_policy(
-            config.policy.name, config.model_names, _entry(config), config.policy.params, config.policy.weights),
+            config.policy.name, config.model_names, config.entry, config.policy.params, config.policy.weights),
             large=_large(config), vocab=vocab, codec=codec,
             end_ids=end_ids, max_model_len=_max_model_len(config))), servers
     finally:

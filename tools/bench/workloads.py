@@ -63,7 +63,12 @@ class TokenPrompts:
         return [t + 1 if t >= self.eos_id else t for t in ids]
 
     def join(self, *parts: Prompt) -> list[int]:
-        return [t for part in parts for t in part]
+        joined: list[int] = []
+        for part in parts:
+            if isinstance(part, str):  # not reached: every target answers a token-id prompt with ids
+                raise TypeError(f"a token-id conversation got text: {part[:40]!r}")
+            joined.extend(part)
+        return joined
 
     def size(self, prompt: Prompt) -> int:
         return len(prompt)

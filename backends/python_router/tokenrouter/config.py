@@ -51,7 +51,7 @@ class ModelSpec(_Strict):
         None, description="CPU cores this model's process is pinned to (vllm engine; default: not pinned)"
     )
     block_size: int = Field(
-        None, ge=1, le=1024, validate_default=False,
+        16, ge=1, le=1024,  # _engine_defaults fills it in first: 32 for vllm
         description="tokens per KV block; default 32 for vllm (its CPU attention needs a multiple of 32), else 16",
     )
     gpu_memory_utilization: float = Field(
@@ -129,11 +129,14 @@ class ModelSpec(_Strict):
 
     def threshold_at(self, active: int) -> int | None:
         """B for ``active`` concurrent requests; None when the threshold is 'auto'."""
-        if self.batch_threshold == "auto":
-            return None
-        if isinstance(self.batch_threshold, int):
-            return self.batch_threshold
-        return self.batch_threshold[min(active, len(self.batch_threshold)) - 1]
+        threshold = self.batch_threshold
+        return None if isinstance(threshold, str) else fixed_threshold(threshold, active)  # str: only 'auto'
+
+
+def fixed_threshold(threshold: int | list[int], active: int) -> int:
+    """B for ``active`` concurrent requests under a fixed threshold: an int, or a list indexed by N
+    (N=1 first; the last entry holds beyond)."""
+    return threshold if isinstance(threshold, int) else threshold[min(active, len(threshold)) - 1]
 
 
 class PolicySpec(_Strict):
@@ -255,7 +258,8 @@ class TransportSpec(_Strict):
 
 class TokenRouterConfig(_Strict):
     models: dict[str, ModelSpec]
-    entry: str | None = Field(None, description="model that admits requests; default: the first model")
+    # "" only when `models` is refused too: _entry_defaults_to_the_first_model names the first model
+    entry: str = Field("", description="model that admits requests; default: the first model")
     policy: PolicySpec = Field(default_factory=PolicySpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     tokenizer: str | None = Field(None, description="tokenizer directory or .gguf; default: the entry model's path")
@@ -271,12 +275,22 @@ class TokenRouterConfig(_Strict):
             raise ValueError(f"token-level routing needs at least 2 models, got {len(value)}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _entry_defaults_to_the_first_model(cls, data: Any) -> Any:
+        """An entry left out (or null) is the first model, filled in before validation so that a valid
+        config's ``entry`` is always a model's name."""
+        if not isinstance(data, dict) or data.get("entry") is not None:
+            return data
+        models = data.get("models")
+        first = next(iter(models), None) if isinstance(models, dict) else None
+        rest = {key: value for key, value in data.items() if key != "entry"}
+        return rest if first is None else {**rest, "entry": first}
+
     @model_validator(mode="after")
     def _cross_checks(self) -> "TokenRouterConfig":
         names = list(self.models)
-        if self.entry is None:
-            self.entry = names[0]
-        elif self.entry not in self.models:
+        if self.entry not in self.models:
             raise ValueError(f"entry: '{self.entry}' is not a model; allowed: {', '.join(names)}")
         for name in names:
             if name in RESERVED_NAMES:
@@ -307,8 +321,8 @@ def check_thresholds(models: dict[str, ModelSpec], max_active: int) -> None:
     requests wait, and no batch ever starts.
     """
     for active in range(1, max_active + 1):
-        fixed = {name: spec.threshold_at(active) for name, spec in models.items()}
-        if any(b is None for b in fixed.values()):
+        fixed = {name: b for name, spec in models.items() if (b := spec.threshold_at(active)) is not None}
+        if len(fixed) < len(models):
             continue  # 'auto' picks thresholds under the same constraint at run time
         slack = sum(b - 1 for b in fixed.values())
         if slack >= active:
@@ -329,7 +343,8 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
         return value
 
     raw = copy.deepcopy(raw)
-    for spec in (raw.get("models") or {}).values():
+    models = raw.get("models")
+    for spec in models.values() if isinstance(models, dict) else ():  # not a mapping: validation names it
         if isinstance(spec, dict) and "path" in spec:
             spec["path"] = fix(spec["path"])
     if "tokenizer" in raw:

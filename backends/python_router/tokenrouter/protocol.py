@@ -187,18 +187,20 @@ class RequestView:
                    state: Mapping[str, Any] | None = None) -> PeerMessage:
         """The handoff to ``peer``: every committed token ``peer`` has not seen, plus the sampled
         token when ``keep_sampled`` (then it is committed here, attributed to this model)."""
-        keep = keep_sampled and self.sampled_token is not None
+        sampled = self.sampled_token if keep_sampled else None
+        keep = sampled is not None
         anchor = self.known.get(peer, 0)
         # Only the suffix after the anchor is built: a request's whole context is seen every handoff.
         prompt_left, output_from = max(self.prompt_len - anchor, 0), max(anchor - self.prompt_len, 0)
-        tokens = self.token_ids[anchor:]
-        origins = [-1] * prompt_left + self.origins[output_from:]
-        if keep:
-            tokens.append(self.sampled_token)
+        tokens = [*self.token_ids[anchor:]]
+        origins = [*([-1] * prompt_left), *self.origins[output_from:]]
+        if sampled is not None:
+            tokens.append(sampled)
             origins.append(self.model_index)
         logprobs: list[float | None] = []
         if self.spec.return_log_probs:
-            logprobs = [None] * prompt_left + self.logprobs[output_from:] + ([self.sampled_logprob] if keep else [])
+            logprobs = [*([None] * prompt_left), *self.logprobs[output_from:],
+                        *([self.sampled_logprob] if keep else [])]
         return PeerMessage(kind="handoff", rid=self.rid, sender=self.model, anchor=anchor, tokens=tokens,
                            origins=origins, request=self.spec if anchor == 0 else None,
                            state=dict(self.state if state is None else state), keep_sampled=keep,
@@ -232,7 +234,7 @@ class Policy(Protocol):
     top_logits: int
     needs_logits: bool
 
-    def route(self, batch: Sequence[RequestView], out: Any) -> list[str | Route]: ...
+    def route(self, batch: Sequence[RequestView], out: Any) -> Sequence[str | Route]: ...
 
     def send(self, request: RequestView, peer: str) -> PeerMessage: ...
 

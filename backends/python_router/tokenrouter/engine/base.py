@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Hashable, Sequence
+from typing import TYPE_CHECKING, Generic, Hashable, Sequence, TypeVar
 
 import torch
 
@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from ..protocol import RequestSpec
 
 SeqId = Hashable
+# A step row's id type: the runtime names sequences by request id (str); engines take any SeqId.
+RowId = TypeVar("RowId", bound=Hashable)
 
 
 class KVCacheExhausted(RuntimeError):
@@ -85,14 +87,14 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
-class StepRow:
+class StepRow(Generic[RowId]):
     """One sequence in a step: append ``new_tokens`` to its context, then predict the next token.
 
     A prefill passes the whole prompt, a decode one token, an extend the k tokens another model
     produced since this model last saw the sequence.
     """
 
-    seq_id: SeqId
+    seq_id: RowId
     new_tokens: Sequence[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
 

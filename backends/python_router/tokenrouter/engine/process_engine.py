@@ -226,8 +226,9 @@ class LogitsBuffer:
     def attach(cls, name: str, vocab_size: int) -> "LogitsBuffer":
         memory = shared_memory.SharedMemory(name=name)
         # Python < 3.13 registers an attached segment with this process's resource tracker too,
-        # which would unlink it (and warn) at our exit: the creating child owns it.
-        resource_tracker.unregister(memory._name, "shared_memory")  # noqa: SLF001
+        # which would unlink it (and warn) at our exit: the creating child owns it. It registers the
+        # private _name (with POSIX's leading slash), which the typeshed stubs leave out.
+        resource_tracker.unregister(getattr(memory, "_name"), "shared_memory")
         return cls(memory, vocab_size)
 
     @property

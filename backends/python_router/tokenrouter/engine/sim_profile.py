@@ -103,7 +103,7 @@ def resolve_profile(profile: str | dict[str, Any] | SimProfile) -> SimProfile:
     unknown = sorted(set(overrides) - set(_KINDS))
     if unknown:
         raise ValueError(f"simulated profile: unknown keys {unknown}; allowed: base, {', '.join(_KINDS)}")
-    values = {}
+    values: dict[str, Any] = {}  # each field's own kind (_KINDS), checked below
     for key, value in overrides.items():
         try:  # YAML may hand over strings or ints where floats are meant
             values[key] = None if value is None and key in _OPTIONAL else _KINDS[key](value)

@@ -45,10 +45,11 @@ def _key(*parts: int, tokens: Sequence[int] = ()) -> int:
     return _words(1, *parts, tokens=tokens)[0]
 
 
-def _uniforms(*parts: int, tokens: Sequence[int] = ()) -> tuple[float, ...]:
+def _uniforms(*parts: int, tokens: Sequence[int] = ()) -> tuple[float, float, float, float, int, int]:
     """Six independent draws from one hash: four uniforms in [0, 1), then two raw 64-bit words."""
     words = _words(6, *parts, tokens=tokens)
-    return (*((w >> 11) * _TO_UNIT for w in words[:4]), *words[4:])
+    u = [(w >> 11) * _TO_UNIT for w in words[:4]]
+    return u[0], u[1], u[2], u[3], words[4], words[5]
 
 
 NOISE_ROWS = 16

@@ -46,6 +46,8 @@ class SimulatedEngine(PooledEngine):
 
     @classmethod
     def from_spec(cls, name: str, spec: "ModelSpec") -> "SimulatedEngine":
+        if spec.profile is None:
+            raise ValueError(f"model '{name}': engine 'simulated' needs 'profile' (a profile name or a dict)")
         return cls(name, spec.profile, block_size=spec.block_size, kv_cache_tokens=spec.kv_cache_tokens,
                    threads=spec.threads)
 
@@ -82,14 +84,15 @@ class SimulatedEngine(PooledEngine):
         self._intra_op.apply()
         tokens = self.check_rows(rows, top_logits)
         self._pool.append({row.seq_id: len(new) for row, new in zip(rows, tokens)})  # all or nothing
-        logits, hidden, positions = [], [], []
+        logits, hidden, positions = [], [], []  # hidden: filled only with return_hidden
         for row, new in zip(rows, tokens):
             tail = (self._tails[row.seq_id] + new)[-self.profile.window:]
             self._tails[row.seq_id] = tail
             length = self._pool.length(row.seq_id)
             row_logits, row_hidden = self._source.signals(tail, length, hidden=return_hidden)
             logits.append(row_logits)
-            hidden.append(row_hidden)
+            if row_hidden is not None:
+                hidden.append(row_hidden)
             positions.append(length)
         result = sampled_result(rows, torch.from_numpy(np.stack(logits)), positions, top_logits,
                                 torch.from_numpy(np.stack(hidden)) if return_hidden else None,

@@ -49,7 +49,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -125,7 +125,16 @@ def llm_arguments(spec: ModelSpec, kv_cache_config: Any) -> dict[str, Any]:
     }
 
 
-def retention_config(retention_class: type) -> Any:
+class RetentionConfigClass(Protocol):
+    """``tensorrt_llm.llmapi.KvCacheRetentionConfig`` as retention_config uses it."""
+
+    TokenRangeRetentionConfig: Callable[..., Any]
+
+    def __call__(self, *, token_range_retention_configs: list[Any], decode_retention_priority: int,
+                 decode_duration_ms: timedelta) -> Any: ...
+
+
+def retention_config(retention_class: RetentionConfigClass) -> Any:
     """``tensorrt_llm.llmapi.KvCacheRetentionConfig`` for every span: all of its blocks (the context
     it was given, from token 0 to the end, and the tokens it generates) at ``RETENTION_PRIORITY``
     for ``RETENTION_S``."""
@@ -220,6 +229,8 @@ class TensorRTLLMEngine(PooledEngine):
 
     @classmethod
     def from_spec(cls, name: str, spec: ModelSpec) -> "TensorRTLLMEngine":
+        if spec.path is None:
+            raise ValueError(f"model '{name}': the tensorrt_llm engine needs a path (an HF model directory)")
         module = import_tensorrt_llm()
         from tensorrt_llm.llmapi import KvCacheConfig, KvCacheRetentionConfig
         from transformers import AutoConfig

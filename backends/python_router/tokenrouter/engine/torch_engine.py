@@ -36,8 +36,9 @@ class TorchEngine(PooledEngine):
         self._config = config
         super().__init__(num_blocks, block_size)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self._cache = PagedKVCache(config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
-                                   head_dim, self._dtype, self._device)
+        self._cache: PagedKVCache | None = PagedKVCache(config.num_hidden_layers, num_blocks, block_size,
+                                                        config.num_key_value_heads, head_dim, self._dtype,
+                                                        self._device)
         self._eos = eos_token_ids_of(getattr(model, "generation_config", None), model.config)
         self._intra_op = IntraOpThreads(threads)
 
@@ -93,7 +94,8 @@ class TorchEngine(PooledEngine):
         """Copies of the sequence's cached keys and values in ``layer``, each [num_cached, kv_heads, head_dim]."""
         slots = torch.tensor(self._pool.slots(seq_id, 0, self._pool.length(seq_id)), dtype=torch.long,
                              device=self._device)
-        keys, values = (pool[layer].flatten(0, 1)[slots].cpu() for pool in (self._cache.keys, self._cache.values))
+        cache = self._live_cache
+        keys, values = (pool[layer].flatten(0, 1)[slots].cpu() for pool in (cache.keys, cache.values))
         return keys, values
 
     # --- the step -------------------------------------------------------------------------------
@@ -118,7 +120,7 @@ class TorchEngine(PooledEngine):
                  top_logits: int, return_logits: bool) -> StepResult:
         counts = [len(row.new_tokens) for row in rows]
         layout = StepLayout.build(
-            self._cache, [self._pool.block_table(row.seq_id) for row in rows], starts, counts,
+            self._live_cache, [self._pool.block_table(row.seq_id) for row in rows], starts, counts,
             self._pool.block_size, self._device,
         )
         input_ids = torch.tensor([t for row in rows for t in row.new_tokens], dtype=torch.long, device=self._device)
@@ -131,6 +133,13 @@ class TorchEngine(PooledEngine):
         positions = [start + count for start, count in zip(starts, counts)]
         return sampled_result(rows, logits, positions, top_logits, hidden if return_hidden else None,
                               counts=self._context_counts, return_logits=return_logits)
+
+    @property
+    def _live_cache(self) -> PagedKVCache:
+        """The KV pool, until close() lets it go."""
+        if self._cache is None:
+            raise RuntimeError(f"engine '{self.name}' is closed")
+        return self._cache
 
     def _check_attention(self) -> None:
         if self._config._attn_implementation != ATTN_IMPLEMENTATION:

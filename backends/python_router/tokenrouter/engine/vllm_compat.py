@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any
+from typing import Any, Protocol
 
 SUPPORTED_VLLM = ("vLLM 0.27.1 to 0.32.0 (tested); 0.19.0 to 0.24.0 have the same API but are untested "
                   "(run tools/gpu_check.py)")
@@ -103,7 +103,13 @@ def check_started_engine(vllm_config: Any, runner_facts: dict[str, Any]) -> None
 _REQUIRED = object()
 
 
-def _struct_defaults(struct: type) -> list[Any]:
+class _Struct(Protocol):
+    """A msgspec Struct class: its field names in order (defaults, where any, in ``__struct_defaults__``)."""
+
+    __struct_fields__: tuple[str, ...]
+
+
+def _struct_defaults(struct: _Struct) -> list[Any]:
     """msgspec's defaults aligned to the end of ``__struct_fields__`` (fields without one come first)."""
     defaults = list(getattr(struct, "__struct_defaults__", ()))
     return [_REQUIRED] * (len(struct.__struct_fields__) - len(defaults)) + defaults

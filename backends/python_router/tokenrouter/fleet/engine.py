@@ -1,7 +1,8 @@
-"""The embedded runtime (every model of a config, in this process) as a Dynamo ``LLMEngine``.
+"""The embedded runtime (every model of a config) as a Dynamo ``LLMEngine``.
 
 One Dynamo worker is one whole pair: its frontend tokenizes, applies the chat template and stop
-strings and detokenizes; this engine turns each request into a ``TokenRouter.stream`` call, streams
+strings and detokenizes; this engine submits each request to the pair, which runs in a child process
+(``pair_process``: not under this process's interpreter lock, which Dynamo's bridge holds), streams
 token chunks back and ends with the finish reason and usage. ``engine_data`` (a client asks for it
 with ``nvext.extra_fields: ["engine_data"]``) has each chunk's ``models`` (one per token) and, on the
 last chunk, ``response_models`` (every token's: the frontend keeps only the last chunk's engine_data
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 from collections import Counter
@@ -29,12 +31,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..config import load_config
-from ..request_builder import RequestError
-from ..runtime.admission import ServerBusy
-from ..runtime.api import TokenRouter
+from ..config import SchedulingSpec, load_config
 from ..runtime.emission import large_model_share
-from .requests import Mapped, map_request
+from .pair_process import PairProcess, PairStream
+from .requests import map_request
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ class TokenRouterEngine(LLMEngine):
         self.config_path = Path(config_path)
         self.served_model_name = served_model_name
         self.model_path = model_path
-        self.router: TokenRouter | None = None
-        self._running: dict[str, asyncio.Task] = {}  # Dynamo's request id -> the task streaming it
+        self.router: PairProcess | None = None
+        self._running: dict[str, PairStream] = {}  # Dynamo's request id -> its output
 
     @classmethod
     async def from_args(cls, argv: list[str] | None = None) -> tuple["TokenRouterEngine", WorkerConfig]:
@@ -79,12 +79,11 @@ class TokenRouterEngine(LLMEngine):
     async def start(self, worker_id: int) -> EngineConfig:
         del worker_id
         # Building engines loads weights: off the event loop, which serves Dynamo's runtime meanwhile.
-        self.router = await asyncio.to_thread(TokenRouter.from_config, self.config_path)
-        entry = self.router.engines[self.router.config.entry]
+        self.router = await PairProcess.start(self.config_path, on_lost=_exit_without_pair)
         return EngineConfig(model=self.model_folder(), served_model_name=self.served_model_name,
                             llm=LlmRegistration(context_length=self.router.max_model_len,
-                                                kv_cache_block_size=entry.block_size,
-                                                total_kv_blocks=entry.num_total_blocks,
+                                                kv_cache_block_size=self.router.block_size,
+                                                total_kv_blocks=self.router.num_total_blocks,
                                                 max_num_seqs=self.router.config.scheduling.max_active))
 
     async def register_prometheus(self, metrics: Any) -> None:
@@ -100,26 +99,10 @@ class TokenRouterEngine(LLMEngine):
 
     async def generate(self, request: GenerateRequest, context: Context) -> AsyncGenerator[GenerateChunk, None]:
         mapped = map_request(request)
-        if self.router is None:
+        if (router := self.router) is None:
             raise RuntimeError("the engine is not started")
-        # The request's stream runs in its own task, so that abort (another task) can cancel it: a
-        # cancelled stream cancels its request at the entry, which ends it on every model.
-        queue: asyncio.Queue[GenerateChunk | Exception | None] = asyncio.Queue()
-        task = asyncio.create_task(self._pump(mapped, queue))
-        rid = context.id()
-        self._running[rid] = task
-        try:
-            while (item := await queue.get()) is not None:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-        finally:
-            self._running.pop(rid, None)
-            task.cancel()  # a consumer that stops reading ends the request too
-
-    async def _pump(self, mapped: Mapped, queue: asyncio.Queue) -> None:
-        """The request's chunks into ``queue``, then None (or the error that ended it)."""
-        names = self.router.config.model_names
+        names = router.config.model_names
+        entry = names.index(router.config.entry)
         origins: Counter[int] = Counter()
         models: list[str] = []
 
@@ -128,54 +111,86 @@ class TokenRouterEngine(LLMEngine):
             return {"token_ids": [], "index": 0, "finish_reason": finish_reason,
                     "completion_usage": {"prompt_tokens": prompt, "completion_tokens": generated,
                                          "total_tokens": prompt + generated},
-                    "engine_data": {"models": [], "response_models": models, "large_model_share":
-                                    large_model_share(origins, names.index(self.router.config.entry))}}
+                    "engine_data": {"models": [], "response_models": models,
+                                    "large_model_share": large_model_share(origins, entry)}}
 
+        stream = router.submit(mapped.prompt, mapped.keywords)
+        rid = context.id()
+        self._running[rid] = stream
         try:
-            # Dynamo's frontend detokenizes: no text here. Paced: each response costs this process's event
-            # loop, Dynamo's request plane and the frontend the same however many tokens it carries.
-            async for chunk in self.router.stream(mapped.prompt, pace=self._pace, text=False, **mapped.keywords):
-                origins.update(names.index(model) for model in chunk.models)
-                models.extend(chunk.models)
-                out: GenerateChunk = {"token_ids": chunk.token_ids, "index": 0,
-                                      "engine_data": {"models": chunk.models}}
-                if chunk.logprobs is not None:
-                    out["log_probs"] = chunk.logprobs
-                if chunk.finish_reason is not None:
-                    ending = last(chunk.finish_reason)
-                    out.update(finish_reason=ending["finish_reason"], completion_usage=ending["completion_usage"])
+            while True:
+                await stream.changed.wait()
+                stream.changed.clear()
+                if stream.aborted:
+                    yield last("cancelled")
+                    return
+                if stream.refusal is not None:
+                    raise _refusal_error(*stream.refusal)
+                tokens, token_origins, logprobs = stream.take()
+                finish_reason = stream.finish_reason
+                if not tokens and finish_reason is None:
+                    continue
+                origins.update(token_origins)
+                chunk_models = [names[origin] for origin in token_origins]
+                models.extend(chunk_models)
+                out: GenerateChunk = {"token_ids": tokens, "index": 0, "engine_data": {"models": chunk_models}}
+                if logprobs is not None:
+                    out["log_probs"] = logprobs
+                if finish_reason is not None:
+                    ending = last(finish_reason)
+                    out.update(finish_reason=finish_reason, completion_usage=ending["completion_usage"])
                     out["engine_data"].update(large_model_share=ending["engine_data"]["large_model_share"],
                                               response_models=models)
-                await queue.put(out)
-            await queue.put(None)
-        except asyncio.CancelledError:  # abort: the stream's cleanup has cancelled the request
-            await queue.put(last("cancelled"))
-            await queue.put(None)
-        except RequestError as exc:  # bad input found at submit: the client's 400
-            await queue.put(InvalidArgument(str(exc)))
-        except ServerBusy as exc:
-            await queue.put(RuntimeError(f"the replica is busy: {exc}"))
-        except Exception as exc:  # noqa: BLE001  (handed to generate, which raises it to Dynamo)
-            await queue.put(exc)
+                yield out
+                if finish_reason == "error":
+                    raise RuntimeError(stream.error)
+                if finish_reason is not None:
+                    return
+                # Paced: each response costs this process's event loop, Dynamo's request plane and the
+                # frontend the same however many tokens it carries. The end is never held.
+                if (interval := self._pace(router.config.scheduling)) > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(interval):
+                            await stream.ended.wait()
+        finally:
+            self._running.pop(rid, None)
+            if not stream.done:  # a consumer that stops reading ends the request too
+                router.cancel(stream)
 
-    def _pace(self) -> float:
+    def _pace(self, scheduling: SchedulingSpec) -> float:
         """Seconds between a stream's responses: the live streams share ``scheduling.max_responses_per_s``,
         as the served entry's do (with few streams this is below a step, and every token leaves alone)."""
-        return len(self._running) / self.router.config.scheduling.max_responses_per_s
+        return len(self._running) / scheduling.max_responses_per_s
 
     async def abort(self, context: Context) -> None:
-        task = self._running.pop(context.id(), None)
-        if task is not None:
-            task.cancel()
+        stream = self._running.pop(context.id(), None)
+        if stream is not None and self.router is not None:
+            self.router.cancel(stream)  # frees its KV on every model now, whether or not generate reads on
+            stream.abort()
 
     async def cleanup(self) -> None:
         if self.router is not None:
             router, self.router = self.router, None
-            await asyncio.to_thread(router.shutdown)
+            await router.close()
+
+
+def _refusal_error(kind: str, message: str) -> Exception:
+    if kind == "invalid":  # bad input found at submit: the client's 400
+        return InvalidArgument(message)
+    if kind == "busy":
+        return RuntimeError(f"the replica is busy: {message}")
+    return RuntimeError(message)
+
+
+def _exit_without_pair(why: str) -> None:
+    """A worker whose pair is gone cannot serve: exit, so that the launcher starts a new one and Dynamo
+    migrates (or fails) what this one held."""
+    log.critical("%s: the worker exits", why)
+    os._exit(1)
 
 
 class _PairCollector(Collector):
-    def __init__(self, router: Callable[[], TokenRouter | None]) -> None:
+    def __init__(self, router: Callable[[], PairProcess | None]) -> None:
         self._router = router
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

@@ -126,20 +126,35 @@ class Process:
             self.popen = subprocess.Popen(self.command, env={**env, **self.env}, stdout=out, stderr=subprocess.STDOUT,
                                           start_new_session=True)  # a terminal's Ctrl-C reaches us only
 
+    def _running(self) -> subprocess.Popen | None:
+        """The process while it runs; None before it starts and after it ends."""
+        return self.popen if self.popen is not None and self.popen.poll() is None else None
+
     @property
     def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
+        return self._running() is not None
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status once it ended (None while it runs, or before it starts)."""
+        return None if self.popen is None else self.popen.returncode
+
+    def terminate(self) -> None:
+        """SIGTERM if it runs: Dynamo drains on it."""
+        if (popen := self._running()) is not None:
+            popen.send_signal(signal.SIGTERM)
 
     def stop(self, timeout: float) -> None:
         """SIGTERM (Dynamo drains), then SIGKILL after ``timeout``."""
-        if not self.alive:
+        popen = self._running()
+        if popen is None:
             return
-        self.popen.send_signal(signal.SIGTERM)
+        popen.send_signal(signal.SIGTERM)
         try:
-            self.popen.wait(timeout)
+            popen.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+            popen.kill()
+            popen.wait()
 
 
 def resolve_config(args: argparse.Namespace, run_dir: Path) -> Path:
@@ -195,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         while True:
             time.sleep(WATCH_PERIOD_S)
             if frontend and not frontend.alive:
-                print(f"tokenrouter fleet: the frontend exited ({frontend.popen.returncode}); see {frontend.log}",
+                print(f"tokenrouter fleet: the frontend exited ({frontend.returncode}); see {frontend.log}",
                       file=sys.stderr, flush=True)
                 return 1
             for worker in workers:
@@ -207,8 +222,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         for worker in workers:  # all at once: each drains in parallel
-            if worker.alive:
-                worker.popen.send_signal(signal.SIGTERM)
+            worker.terminate()
         for worker in workers:
             worker.stop(args.drain_timeout)
         if frontend:
@@ -222,7 +236,7 @@ def _restart(worker: Process, env: dict[str, str]) -> None:
     delay = RESTART_BACKOFF_S[min(len(worker.restarts), len(RESTART_BACKOFF_S) - 1)]
     if worker.restarts and now - worker.restarts[-1] < delay:
         return  # its turn comes on a later watch
-    print(f"tokenrouter fleet: {worker.name} exited ({worker.popen.returncode}); starting it again",
+    print(f"tokenrouter fleet: {worker.name} exited ({worker.returncode}); starting it again",
           file=sys.stderr, flush=True)
     worker.restarts.append(now)
     worker.start(env)

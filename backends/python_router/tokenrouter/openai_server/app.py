@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import MutableMapping
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
@@ -60,7 +61,7 @@ class ClientGone(Exception):
     """The client closed its connection before its answer was ready."""
 
 
-async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+async def _disconnected(receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -121,9 +122,14 @@ class OpenAIRoutes:
     def __init__(self, served: ServedPair, triton_url: str, api_key: str | None,
                  connect: Callable[[str], TritonChannel]) -> None:
         self.served, self._triton_url, self._api_key, self._connect = served, triton_url, api_key or None, connect
-        self.channel: TritonChannel | None = None
+        self.channel: TritonChannel | None = None  # open for the app's lifespan
         self._headers = {POLICY_HEADER: served.policy}
         self.prompt_counter = PromptCounter(served.codec, served.max_prompt_bytes, TOKENIZING_WORKERS)
+
+    def _open_channel(self) -> TritonChannel:
+        if self.channel is None:
+            raise RuntimeError("the channel to Triton is open only while the app runs (its lifespan)")
+        return self.channel
 
     def _token_text(self, token: int) -> str:
         return self.served.codec.decode([token])
@@ -146,7 +152,7 @@ class OpenAIRoutes:
         return body
 
     async def health(self, request: Request) -> Response:
-        ready = await self.channel.ready(self.served.fronts)
+        ready = await self._open_channel().ready(self.served.fronts)
         return JSONResponse({"status": "ok" if ready else "unavailable"}, status_code=200 if ready else 503)
 
     async def models(self, request: Request) -> Response:
@@ -217,7 +223,8 @@ class OpenAIRoutes:
         sampling = translate.Sampling(max_tokens, body.temperature, body.top_p, body.seed, stops, body.presence_penalty,
                                       body.frequency_penalty, logprobs, body.top_k, min_tokens,
                                       body.repetition_penalty, body.stream, end_ids)
-        return [ChoiceRun(self.channel, body.model, choice, stops, params)
+        channel = self._open_channel()
+        return [ChoiceRun(channel, body.model, choice, stops, params)
                 for choice in translate.choices(prompts, body.n, sampling)]
 
     @staticmethod
@@ -242,12 +249,11 @@ class OpenAIRoutes:
                 try:
                     for head in heads:
                         yield head
-                    piece = first
-                    while True:
+                    piece: Piece | None = first
+                    while piece is not None:
                         if (chunk := chunks.piece(piece, usage(runs, n) if continuous_usage else None)) is not None:
                             yield chunk
-                        if (piece := await anext(pieces, None)) is None:
-                            break
+                        piece = await anext(pieces, None)
                     if chunks.include_usage:
                         yield chunks.usage(usage(runs, n))
                     yield DONE
@@ -259,11 +265,11 @@ class OpenAIRoutes:
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        self.channel = self._connect(self._triton_url)  # on the server's event loop
+        channel = self.channel = self._connect(self._triton_url)  # on the server's event loop
         try:
             yield
         finally:
-            await self.channel.close()
+            await channel.close()
             self.prompt_counter.close()
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import AsyncGenerator, Sequence
 
 from .errors import OpenAIError, from_triton
 from .stops import StopText
@@ -42,7 +42,7 @@ class ChoiceRun:
         self.prompt_tokens = 0
         self.completion_tokens = 0  # generated, a stop string's tokens included
 
-    async def pieces(self) -> AsyncIterator[Piece]:
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
         choice = self.choice
         try:
             # aclosing: leaving the loop must end the call now, not when the generator is collected
@@ -55,6 +55,8 @@ class ChoiceRun:
                     finish = "stop" if self._stop.stopped else (self._finish(reply.finish_reason) if last else None)
                     piece = Piece(choice.index, text, finish, reply.large_share)
                     if reply.log_probs is not None:
+                        if reply.token_ids is None:  # the front sends both or neither
+                            raise RuntimeError(f"front {self._model} sent output_log_probs without output_ids")
                         piece.token_ids, piece.log_probs = reply.token_ids.tolist(), reply.log_probs.tolist()
                     yield piece
                     if finish is not None:
@@ -70,7 +72,7 @@ class ChoiceRun:
         return FINISH[reason]
 
 
-async def merged(runs: Sequence[ChoiceRun]) -> AsyncIterator[Piece]:
+async def merged(runs: Sequence[ChoiceRun]) -> AsyncGenerator[Piece, None]:
     """Every run's pieces as they come; the first error ends them all and is raised."""
     if len(runs) == 1:  # the common case, without a task per choice
         async with aclosing(runs[0].pieces()) as pieces:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncGenerator, Mapping, Sequence
 
 import grpc
 import numpy as np
@@ -85,18 +85,19 @@ def _reply(response: service_pb2.ModelInferResponse) -> FrontReply | None:
     final = response.parameters["triton_final_response"].bool_param
     if not response.outputs:
         return FrontReply("", 0, "", 0.0, None, None, None, True) if final else None
-    values = {}
+    strings: dict[str, bytes] = {}
+    values: dict[str, np.ndarray] = {}
     for tensor, raw in zip(response.outputs, response.raw_output_contents):
         if tensor.datatype == "BYTES":
-            values[tensor.name] = _one_string(raw)
+            strings[tensor.name] = _one_string(raw)
         else:
             values[tensor.name] = np.frombuffer(raw, NUMPY[tensor.datatype])
     ids = values.get("output_ids")
     prompt = values.get("num_input_tokens")
     return FrontReply(
-        text=values["text_output"].decode("utf-8"),
+        text=strings["text_output"].decode("utf-8"),
         tokens=int(values["num_output_tokens"][0]) if ids is None else ids.size,
-        finish_reason=values["finish_reason"].decode(),
+        finish_reason=strings["finish_reason"].decode(),
         large_share=float(values["large_model_share"][0]),
         prompt_tokens=None if prompt is None else int(prompt[0]),
         token_ids=ids, log_probs=values.get("output_log_probs"), final=final)
@@ -105,7 +106,11 @@ def _reply(response: service_pb2.ModelInferResponse) -> FrontReply | None:
 @dataclass(eq=False)  # compared by identity: two idle calls are never the same entry
 class _IdleCall:
     call: Any
-    closing: asyncio.TimerHandle | None = None
+    closing: asyncio.TimerHandle | None = None  # set by IdleStreams.keep right after the entry is made
+
+    def cancel_timer(self) -> None:
+        if self.closing is not None:
+            self.closing.cancel()
 
 
 class IdleStreams:
@@ -125,7 +130,7 @@ class IdleStreams:
         idle = self._idle.get(model, [])
         while idle:
             entry = idle.pop()  # the one used last, so that the others age out under a light load
-            entry.closing.cancel()
+            entry.cancel_timer()
             if not entry.call.done():
                 return entry.call
         return None
@@ -141,7 +146,7 @@ class IdleStreams:
 
     def close(self) -> None:
         for entry in (entry for idle in self._idle.values() for entry in idle):
-            entry.closing.cancel()
+            entry.cancel_timer()
             entry.call.cancel()
         self._idle.clear()
 
@@ -174,7 +179,7 @@ class TritonChannel:
             return False
 
     async def generate(self, model: str, inputs: Mapping[str, np.ndarray],
-                       outputs: Sequence[str]) -> AsyncIterator[FrontReply]:
+                       outputs: Sequence[str]) -> AsyncGenerator[FrontReply, None]:
         """The front's responses to one request, up to the final one. Leaving the loop early (or
         being cancelled) cancels the call, and with it the request on every model; after the final
         response the call is kept for the next generation to ``model``."""

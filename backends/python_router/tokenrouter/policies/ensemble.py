@@ -75,7 +75,7 @@ class MultiModelEnsemble(RoutingPolicy):
             carried = request.state.get("mix") if position > 0 else None
             if position > 0 and carried is None:
                 raise PolicyError(f"policy 'ensemble': request {request.rid} reached {request.model} without a mixture")
-            if position < len(self.ring) - 1:
+            if carried is None or position < len(self.ring) - 1:  # (None: the entry, never last in a ring of 2+)
                 mix = merge_sparse(carried, part, self.carry_top_k)
                 decisions.append(Route(self.ring[position + 1], state={"mix": mix}))
                 continue

@@ -31,6 +31,7 @@ from .subserver import Subserver
 from .transport import InProcessTransport
 
 Prompt = str | Sequence[int]
+NOT_A_PROMPT = "a prompt must be a string or a sequence of int token ids"
 
 
 class GenerationError(RuntimeError):
@@ -86,6 +87,13 @@ class RequestHandle:
             listeners = list(self._listeners)
         for listener in listeners:
             listener()
+
+    def since(self, start: int) -> tuple[list[int], list[int], list[float] | None, str | None, str | None]:
+        """Output from token ``start`` on, read together: tokens, origins, log probabilities (None when
+        the request returns none), finish reason and error (None while it runs)."""
+        with self._lock:
+            logprobs = None if self.logprobs is None else self.logprobs[start:len(self.token_ids)]
+            return self.token_ids[start:], self.origins[start:], logprobs, self.finish_reason, self.error
 
     def add_listener(self, listener) -> None:
         with self._lock:
@@ -176,7 +184,7 @@ class TokenRouter:
         """Generate for every prompt concurrently; a request that fails has finish_reason 'error'.
         A batch larger than the admission queue is fed in as its own earlier requests finish.
         ``sampling``: the other keywords of ``submit`` (penalties, min_tokens, logit_bias, return_log_probs)."""
-        batch = [prompts] if _is_single(prompts) else list(prompts)
+        batch = _as_batch(prompts)
         seeds = [seed] * len(batch) if isinstance(seed, int) else list(seed)
         if len(seeds) != len(batch):
             raise ValueError(f"got {len(seeds)} seeds for {len(batch)} prompts")
@@ -303,7 +311,7 @@ class TokenRouter:
                 raise RequestError("the prompt is empty")
             return self.codec.encode_prompt(prompt)
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise RequestError("a prompt must be a string or a sequence of int token ids")
+            raise RequestError(NOT_A_PROMPT)
         return list(prompt)
 
     def _sequences(self, words: Sequence[str]) -> list[list[int]]:
@@ -324,5 +332,12 @@ class TokenRouter:
                                 handle.error, None if handle.logprobs is None else handle.logprobs[:])
 
 
-def _is_single(prompts: Prompt | Sequence[Prompt]) -> bool:
-    return isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))
+def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    """The prompts of a batch; one prompt (a string, or token ids) is a batch of one. Ints mixed with
+    other prompts are neither: refused before any is submitted."""
+    if isinstance(prompts, str):
+        return [prompts]
+    ids = [p for p in prompts if isinstance(p, int)]
+    if ids and len(ids) < len(prompts):
+        raise RequestError(NOT_A_PROMPT)
+    return [ids] if ids else [p for p in prompts if not isinstance(p, int)]

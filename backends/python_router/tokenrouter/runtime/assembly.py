@@ -7,9 +7,10 @@ become objects. The core and the loop see a policy only through ``tokenrouter.pr
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
-from ..config import ModelSpec, TokenRouterConfig
+from ..config import ModelSpec, TokenRouterConfig, fixed_threshold
 from ..engine.base import Engine
 from ..policies.base import RoutingPolicy, create_policy
 from .core import Limits, SubserverCore
@@ -33,9 +34,9 @@ def kv_capacity(spec: ModelSpec) -> tuple[int, int]:
 
 def threshold_function(config: TokenRouterConfig, name: str, auto=None) -> Callable[[int], int]:
     """B for model ``name`` as a function of the active count N."""
-    spec = config.models[name]
-    if spec.batch_threshold != "auto":
-        return spec.threshold_at
+    threshold = config.models[name].batch_threshold
+    if not isinstance(threshold, str):  # a str is only ever 'auto'
+        return functools.partial(fixed_threshold, threshold)
     if auto is None:
         raise ValueError(f"models.{name}.batch_threshold is 'auto' but no online estimator was given")
     index = config.model_names.index(name)

@@ -105,7 +105,8 @@ class SubserverCore:
 
     def fail(self, rid: str, error: str, now: float) -> list[Effect]:
         """End a request with an error from outside (e.g. its handoff could not be delivered)."""
-        self.now, fx = now, []
+        self.now = now
+        fx: list[Effect] = []
         if rid in self.requests:
             self._fail(self.requests[rid], error, fx)
         return fx
@@ -113,7 +114,8 @@ class SubserverCore:
     def peer_lost(self, peer: str, error: str, now: float) -> list[Effect]:
         """``peer`` cannot be reached (its server died, the network dropped): end every request that
         cannot go on without it, with ``error``; their KV here is released."""
-        self.now, fx = now, []
+        self.now = now
+        fx: list[Effect] = []
         self.role.on_peer_lost(peer, error, fx)
         return fx
 
@@ -130,7 +132,8 @@ class SubserverCore:
 
     def on_message(self, message: PeerMessage, now: float) -> list[Effect]:
         """A peer's message. Total: one that does not fit is dropped and counted, never raised."""
-        self.now, fx = now, []
+        self.now = now
+        fx: list[Effect] = []
         try:
             self._on_message(message, fx)
         except Exception as exc:  # a bug's last guard: the loop must survive any one message
@@ -173,7 +176,8 @@ class SubserverCore:
         return bool(self.runnable) or self.role.can_admit()
 
     def on_step_failed(self, batch: Batch, error: str, now: float) -> list[Effect]:
-        self.now, fx = now, []
+        self.now = now
+        fx: list[Effect] = []
         for rid in batch.rids:
             if rid in self.requests:
                 self._fail(self.requests[rid], error, fx)
@@ -181,7 +185,8 @@ class SubserverCore:
 
     def on_step(self, batch: Batch, result: StepResult, now: float) -> list[Effect]:
         """The engine ran ``batch``: advance each row's KV, route the rows that predicted a token."""
-        self.now, fx = now, []
+        self.now = now
+        fx: list[Effect] = []
         self.stats.steps += 1
         self.stats.batch_sizes[len(batch.rows)] += 1
         done = []
@@ -226,12 +231,14 @@ class SubserverCore:
     def _apply(self, request: RequestState, decision: Route, fx: list[Effect]) -> None:
         if decision.state is not None:
             request.state = dict(decision.state)
-        if decision.token is not None:
-            request.sampled_token = int(decision.token)
+        token = request.sampled_token if decision.token is None else int(decision.token)
+        if token is None:  # on_step sets every routed row's sampled token first: a bug, ended alone
+            return self._fail(request, "routed before its step sampled a token", fx)
+        request.sampled_token = token
         if decision.destination == self.name:
-            self.commit(request, [request.sampled_token], [self.index], fx, [request.sampled_logprob])
+            self.commit(request, [token], [self.index], fx, [request.sampled_logprob])
         elif decision.destination in self.peers:
-            self._hand_off(request, decision.destination, fx)
+            self._hand_off(request, decision.destination, token, fx)
         else:
             self._fail(request, f"policy '{self.policy.name}' routed to unknown model '{decision.destination}'", fx)
 
@@ -248,7 +255,7 @@ class SubserverCore:
             return True
         return False
 
-    def _hand_off(self, request: RequestState, peer: str, fx: list[Effect]) -> None:
+    def _hand_off(self, request: RequestState, peer: str, sampled: int, fx: list[Effect]) -> None:
         try:
             message = self.policy.send(request.view(), peer)
             expected = len(request.token_ids) + (1 if message.keep_sampled else 0)
@@ -258,7 +265,7 @@ class SubserverCore:
             self._fail(request, f"policy '{self.policy.name}' failed to send: {type(exc).__name__}: {exc}", fx)
             return
         # A kept sampled token is committed here (attributed to this model) and may end the request.
-        if message.keep_sampled and self.commit(request, [request.sampled_token], [self.index], fx,
+        if message.keep_sampled and self.commit(request, [sampled], [self.index], fx,
                                                 [request.sampled_logprob], inform_entry=False):
             return
         stamp_handoff(request, message, sender=self.name, peer=peer, active=self.active)
@@ -313,6 +320,8 @@ class SubserverCore:
             return None
         if request is None:
             spec = message.request
+            if spec is None:  # handoff_problem refuses a handoff for an unknown request without its spec
+                raise ValueError("a first visit without the request's spec")
             request = RequestState(rid=message.rid, model=self.name, model_index=self.index, token_ids=[],
                                    prompt_len=spec.prompt_len, origins=[], spec=spec)
             self.requests[request.rid] = request

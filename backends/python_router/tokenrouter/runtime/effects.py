@@ -58,7 +58,7 @@ Effect = Send | Emit | Release | Routed
 class Batch:
     """The next engine step: one row per request, with how many of its pending tokens it feeds."""
 
-    rows: list[StepRow]
+    rows: list[StepRow[str]]
     needs_logits: bool = True  # whether anything after the step reads the full-vocabulary logits
 
     @property

@@ -8,7 +8,7 @@ carries only the suffix after the receiver's anchor.
 
 from __future__ import annotations
 
-from ..protocol import PeerMessage
+from ..protocol import MessageKind, PeerMessage
 from .request import RequestState
 
 
@@ -21,7 +21,7 @@ def stamp_handoff(request: RequestState, message: PeerMessage, *, sender: str, p
     request.sampled_token = request.sampled_logprob = None
 
 
-def suffix_message(request: RequestState, peer: str, kind: str, *, sender: str, reason: str | None = None,
+def suffix_message(request: RequestState, peer: str, kind: MessageKind, *, sender: str, reason: str | None = None,
                    error: str | None = None) -> PeerMessage:
     """A ``progress`` or ``ended`` message: the context ``peer`` has not seen yet."""
     anchor = request.known.get(peer, 0)

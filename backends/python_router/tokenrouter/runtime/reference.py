@@ -61,10 +61,12 @@ def reference_generate(models: dict[str, FullRecompute], policy: Policy, entry: 
     probability at the model that sampled it."""
     names = list(models)
     prompt_len = len(prompt_ids)
-    context, origins = list(prompt_ids), []  # the committed context; producing model per output token
+    context: list[int] = list(prompt_ids)  # the committed context
+    origins: list[int] = []  # producing model per output token
     logprobs: list[float] = []  # per output token, when the spec returns them
     state: dict = {}  # the policy's state; it travels with the request
-    known = {name: {} for name in names}  # per model: how much of the context each peer has seen
+    # per model: how much of the context each peer has seen
+    known: dict[str, dict[str, int]] = {name: {} for name in names}
     holder = entry
     sampling = SamplingParams(spec.temperature, spec.top_p, spec.top_k, spec.seed)
 
@@ -79,7 +81,7 @@ def reference_generate(models: dict[str, FullRecompute], policy: Policy, entry: 
     def commit(token: int, logprob: float | None) -> str | None:
         context.append(token)
         origins.append(names.index(holder))
-        if spec.return_log_probs:
+        if logprob is not None:  # (present exactly when the spec returns them)
             logprobs.append(logprob)
         return stop_reason(context, prompt_len, spec, max_model_len)
 
@@ -95,7 +97,7 @@ def reference_generate(models: dict[str, FullRecompute], policy: Policy, entry: 
         if decision.state is not None:
             state = dict(decision.state)
         token = sampled if decision.token is None else int(decision.token)
-        logprob = sampled_log_prob(out.logits[0], sampling, token) if spec.return_log_probs else None
+        logprob = sampled_log_prob(out.require_logits()[0], sampling, token) if spec.return_log_probs else None
         if decision.destination == holder:
             if (reason := commit(token, logprob)) is not None:
                 return done(reason)
@@ -117,7 +119,10 @@ def reference_generate(models: dict[str, FullRecompute], policy: Policy, entry: 
             if position >= prompt_len:
                 origins.append(message.origins[position - message.anchor])
                 if spec.return_log_probs:
-                    logprobs.append(message.logprobs[position - message.anchor])
+                    carried = message.logprobs[position - message.anchor]
+                    if carried is None:  # None marks prompt positions only
+                        raise AssertionError(f"the handoff has no log probability at output position {position}")
+                    logprobs.append(carried)
         known[receiver][holder] = message.anchor + len(message.tokens)
         state = dict(message.state)
         holder = receiver

@@ -134,11 +134,11 @@ class EntryRole:
         """A peer's progress (tokens it committed) or the end of a request it holds."""
         core = self.core
         request = core.requests.get(message.rid)
-        problem = suffix_problem(request, message)
-        if problem is None and request.here:
-            problem = f"{message.kind} for a request held here"
-        if problem is not None:
-            return core.drop_message(message, problem)
+        problem = suffix_problem(request, message)  # (never None for an unknown request)
+        if request is None or problem is not None:
+            return core.drop_message(message, problem or "unknown request")
+        if request.here:
+            return core.drop_message(message, f"{message.kind} for a request held here")
         reason = (message.finish_reason or "error") if message.kind == "ended" else None
         grown = request.apply_suffix(message.anchor, message.tokens, message.origins[:len(message.tokens)],
                                      message.logprobs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from ..engine.base import StepResult
 from ..engine.sampling import sampled_log_prob
@@ -13,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def route_rows(policy: Policy, requests: list[RequestState],
-               out: StepResult) -> tuple[list[Route | None], dict[str, str]]:
+               out: StepResult) -> tuple[Sequence[Route | None], dict[str, str]]:
     """One decision per row, and {rid: error} for the rows the policy failed on (their decision is
     None). When the policy raises on the batch it is asked row by row, so only the requests it
     fails on end."""
@@ -39,12 +40,14 @@ def decide(policy: Policy, requests: list[RequestState], out: StepResult) -> lis
     return decisions
 
 
-def record_log_probs(requests: list[RequestState], decisions: list[Route | None], out: StepResult) -> None:
+def record_log_probs(requests: list[RequestState], decisions: Sequence[Route | None], out: StepResult) -> None:
     """For each request that returns log probabilities, the one of the token its decision keeps
     (the sampled token, or the policy's replacement), in the distribution this model drew from."""
     for row, (request, decision) in enumerate(zip(requests, decisions)):
         if decision is not None and request.spec.return_log_probs:
             token = request.sampled_token if decision.token is None else int(decision.token)
+            if token is None:  # the step's sampled tokens are set on its requests before routing
+                raise ValueError(f"request {request.rid}: no sampled token to score")
             # Greedy rows report 0.0 without the logits (a step may leave them out, engine.base).
             logits = None if request.sampling.greedy else out.require_logits()[row]
             request.sampled_logprob = sampled_log_prob(logits, request.sampling, token)

@@ -17,8 +17,9 @@ import os
 import sys
 import threading
 import time
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
+from types import FrameType
 
 log = logging.getLogger(__name__)
 
@@ -28,18 +29,23 @@ WRITE_EVERY_S = 5.0
 TOP = 30
 
 
-def _where(frame) -> str:
+def _where(frame: FrameType) -> str:
     code = frame.f_code
     return f"{Path(code.co_filename).name}:{code.co_name}"
+
+
+def _largest(seconds: dict[str, float], n: int | None = None) -> list[tuple[str, float]]:
+    """The ``n`` biggest entries, biggest first (ties in insertion order), all of them without ``n``."""
+    return sorted(seconds.items(), key=lambda item: item[1], reverse=True)[:n]
 
 
 class CpuSampler:
     def __init__(self, folder: Path, label: str) -> None:
         self.path = Path(folder) / f"{label}-{os.getpid()}.txt"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.by_thread: Counter = Counter()
-        self.self_cpu: Counter = Counter()  # innermost frame
-        self.inclusive: Counter = Counter()  # any frame of the stack
+        self.by_thread: defaultdict[str, float] = defaultdict(float)  # CPU seconds
+        self.self_cpu: defaultdict[str, float] = defaultdict(float)  # innermost frame
+        self.inclusive: defaultdict[str, float] = defaultdict(float)  # any frame of the stack
         self._clocks: dict[int, tuple[int, float]] = {}  # thread ident -> (cpu clock id, last reading)
         self._stop = threading.Event()
         self._started = (time.monotonic(), time.process_time())
@@ -85,9 +91,10 @@ class CpuSampler:
                 continue
             self.by_thread[names.get(ident, str(ident))] += used
             stack = []
-            while frame is not None:
-                stack.append(_where(frame))
-                frame = frame.f_back
+            at: FrameType | None = frame
+            while at is not None:
+                stack.append(_where(at))
+                at = at.f_back
             self.self_cpu[stack[0]] += used
             for where in set(stack):
                 self.inclusive[where] += used
@@ -98,10 +105,10 @@ class CpuSampler:
         sampled = sum(self.by_thread.values())
         lines = [f"wall {wall:.1f} s, process CPU {process:.2f} s, sampled Python threads {sampled:.2f} s "
                  f"(the rest: threads without a Python stack, and this sampler)", "", "CPU by thread (s):"]
-        lines += [f"  {seconds:8.3f}  {name}" for name, seconds in self.by_thread.most_common()]
+        lines += [f"  {seconds:8.3f}  {name}" for name, seconds in _largest(self.by_thread)]
         for title, counter in (("self CPU (innermost Python frame)", self.self_cpu),
                                ("inclusive CPU (frame anywhere on the stack)", self.inclusive)):
             lines += ["", f"{title}, top {TOP} (s, share of sampled):"]
             lines += [f"  {seconds:8.3f}  {100 * seconds / max(sampled, 1e-9):5.1f} %  {where}"
-                      for where, seconds in counter.most_common(TOP)]
+                      for where, seconds in _largest(counter, TOP)]
         self.path.write_text("\n".join(lines) + "\n")

@@ -120,7 +120,7 @@ def latency_table(L: Sequence[Latency], M: int, N: int) -> np.ndarray:
     table = np.empty((M, N))
     for i, entry in enumerate(L):
         if np.ndim(entry) == 0:
-            table[i, :] = float(entry)
+            table[i, :] = float(np.asarray(entry))  # the 0-d array of whatever scalar np.ndim saw
             continue
         values = np.asarray(entry, dtype=float)
         if values.ndim != 1 or len(values) < N:

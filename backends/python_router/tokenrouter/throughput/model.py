@@ -21,6 +21,7 @@ from scipy.sparse.linalg import bicgstab, spsolve
 
 from .chain import Chain, StateSpaceTooLarge, build_chain
 from .inputs import Grid, Latency, check_matrices, check_population, check_thresholds, latency_table, make_grid
+from .prefill import PrefillCosts, charged
 
 Matrix = Sequence[Sequence[float]] | np.ndarray
 
@@ -87,24 +88,33 @@ def chain_throughput(chain: Chain, unit_s: float) -> float:
 
 
 def solve(P: Matrix, C: Matrix, L: Sequence[Latency], B: Sequence[int], N: int, delta: float, *,
-          snap: bool = False, max_states: int = DEFAULT_MAX_STATES, handoff_s: float = 0.0) -> Prediction:
+          snap: bool = False, max_states: int = DEFAULT_MAX_STATES, handoff_s: float = 0.0,
+          prefill: PrefillCosts | None = None) -> Prediction:
     """T(B) with diagnostics. L[i] is seconds, or a list of seconds per batch size 1..N.
 
     Latencies must be whole multiples of ``delta`` unless ``snap`` rounds them to the grid. When
     the chain would exceed ``max_states`` states, the grid unit is doubled and latencies are
     rounded to it until it fits; a ``CoarseGridWarning`` says so. ``handoff_s``: see ``with_handoff``.
+    ``prefill``: L are decode steps, and every row is charged its expected prefill/extend cost on top
+    (``prefill.py``); the charged latencies are rarely grid multiples, so pass ``snap`` with it.
     """
     p, c = check_matrices(P, C)
     N = check_population(N)
     B = check_thresholds(B, len(p), N)
-    latencies = with_handoff(latency_table(L, len(p), N), p, handoff_s)
+    latencies = step_latencies(L, p, c, N, handoff_s, prefill)
     return _solve_on(p, c, latencies, make_grid(latencies, delta, snap), B, N, max_states)
 
 
 def predict(P: Matrix, C: Matrix, L: Sequence[Latency], B: Sequence[int], N: int, delta: float, *,
-            snap: bool = False, handoff_s: float = 0.0) -> float:
+            snap: bool = False, handoff_s: float = 0.0, prefill: PrefillCosts | None = None) -> float:
     """Predicted decoding throughput in committed tokens per second (Appendix D)."""
-    return solve(P, C, L, B, N, delta, snap=snap, handoff_s=handoff_s).throughput
+    return solve(P, C, L, B, N, delta, snap=snap, handoff_s=handoff_s, prefill=prefill).throughput
+
+
+def step_latencies(L: Sequence[Latency], p: np.ndarray, c: np.ndarray, N: int, handoff_s: float,
+                   prefill: PrefillCosts | None) -> np.ndarray:
+    """The chain's M x N step latencies: decode steps, plus the expected prefill/extend charges, plus handoffs."""
+    return with_handoff(charged(latency_table(L, len(p), N), p, c, prefill), p, handoff_s)
 
 
 def with_handoff(latencies: np.ndarray, p: np.ndarray, handoff_s: float) -> np.ndarray:
@@ -125,13 +135,15 @@ def feasible_thresholds(M: int, N: int) -> Iterable[tuple[int, ...]]:
 
 @overload
 def best_thresholds(P: Matrix, C: Matrix, L: Sequence[Latency], N: int, delta: float, *, snap: bool = ...,
-                    max_states: int = ..., yield_gil: bool = ..., handoff_s: float = ...
-                    ) -> tuple[list[int], dict[tuple[int, ...], float]]: ...
+                    max_states: int = ..., yield_gil: bool = ..., handoff_s: float = ...,
+                    prefill: PrefillCosts | None = ...) -> tuple[list[int], dict[tuple[int, ...], float]]: ...
 @overload
 def best_thresholds(P: Matrix, C: Matrix, L: Sequence[Latency], N: Iterable[int], delta: float, *,
-                    snap: bool = ..., max_states: int = ..., yield_gil: bool = ..., handoff_s: float = ...
+                    snap: bool = ..., max_states: int = ..., yield_gil: bool = ..., handoff_s: float = ...,
+                    prefill: PrefillCosts | None = ...
                     ) -> tuple[dict[int, list[int]], dict[int, dict[tuple[int, ...], float]]]: ...
-def best_thresholds(P, C, L, N, delta, *, snap=False, max_states=DEFAULT_MAX_STATES, yield_gil=False, handoff_s=0.0):
+def best_thresholds(P, C, L, N, delta, *, snap=False, max_states=DEFAULT_MAX_STATES, yield_gil=False, handoff_s=0.0,
+                    prefill=None):
     """B* = argmax T(B) over feasible B, and the table B -> T(B).
 
     With an iterable of N (e.g. ``range(1, 17)``), returns ``({N: B*}, {N: table})``. Ties go to
@@ -139,11 +151,11 @@ def best_thresholds(P, C, L, N, delta, *, snap=False, max_states=DEFAULT_MAX_STA
     """
     if isinstance(N, Iterable):
         per_n = {n: best_thresholds(P, C, L, n, delta, snap=snap, max_states=max_states, yield_gil=yield_gil,
-                                    handoff_s=handoff_s) for n in N}
+                                    handoff_s=handoff_s, prefill=prefill) for n in N}
         return {n: best for n, (best, _) in per_n.items()}, {n: table for n, (_, table) in per_n.items()}
     p, c = check_matrices(P, C)
     N = check_population(N)
-    latencies = with_handoff(latency_table(L, len(p), N), p, handoff_s)
+    latencies = step_latencies(L, p, c, N, handoff_s, prefill)
     grid = make_grid(latencies, delta, snap)
     table: dict[tuple[int, ...], float] = {}
     for B in feasible_thresholds(len(p), N):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,7 +188,7 @@ class AutoThresholds:
             self._done.notify_all()
 
 
-def _latency_curve(sizes: dict[int, tuple[float, int]], max_active: int) -> np.ndarray:
+def _latency_curve(sizes: Mapping[int, Sequence[float]], max_active: int) -> np.ndarray:
     """Latency at batch sizes 1..max_active from {size: (estimate, samples)}: a size's own estimate
     once it has a few samples, else a sample-weighted line through all sizes seen (slope >= 0:
     bigger batches never get faster)."""

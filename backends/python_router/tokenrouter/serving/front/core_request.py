@@ -87,12 +87,12 @@ def _check_sizes(inputs: Mapping[str, np.ndarray], text: TextInputs, rows: int) 
         if name not in ("input_ids", "stop_words_list", "bad_words_list", "embedding_bias") and array.size > rows:
             raise RequestError(f"{name} must hold one value per row, got {array.size} for {rows} rows")
     for name in WORD_LISTS:
-        array = inputs.get(name)
-        if array is not None and (array.ndim != 3 or array.shape[1] != 2):
+        words = inputs.get(name)
+        if words is not None and (words.ndim != 3 or words.shape[1] != 2):
             raise RequestError(f"{name} must be [rows, 2, n] (TensorRT-LLM's word-list layout), "
-                               f"got {list(array.shape)}")
-        if array is not None and array.shape[2] > text.max_words:
-            raise RequestError(f"{name} holds {array.shape[2]} ids a row; the limit is {text.max_words} "
+                               f"got {list(words.shape)}")
+        if words is not None and words.shape[2] > text.max_words:
+            raise RequestError(f"{name} holds {words.shape[2]} ids a row; the limit is {text.max_words} "
                                "(frontend.max_words)")
     bias = inputs.get("embedding_bias")
     if bias is not None and bias.size > rows * text.vocab_size:
@@ -114,7 +114,7 @@ def _row_generations(row: _Row, index: int, count: int, text: TextInputs, decoup
 def _prompt(row: _Row, text: TextInputs, wrap_ids: bool) -> list[int]:
     """The row's ``input_ids`` up to its ``input_lengths`` (the rest is padding), checked; with
     ``wrap_ids`` an id >= the vocabulary size is folded into it (negative ids are refused either way)."""
-    ids = row.array("input_ids").reshape(-1)
+    ids = row.required("input_ids").reshape(-1)
     length = row.value("input_lengths")
     if not 1 <= length <= ids.size:
         raise RequestError(f"input_lengths {length} must be in [1, {ids.size}] (the ids in input_ids' row)")

@@ -87,6 +87,13 @@ class _Row:
         array = self._inputs.get(name)
         return None if array is None else array[self._row]
 
+    def required(self, name: str) -> np.ndarray:
+        """An input the request was checked to carry before its rows are read."""
+        array = self.array(name)
+        if array is None:
+            raise RequestError(f"{name} is missing")
+        return array
+
     def value(self, name: str, default: Any = None) -> Any:
         """A [1]-shaped input as a Python scalar (numpy's .item(): the dtype the schema declares)."""
         array = self.array(name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from ...runtime.emission import large_model_share
@@ -20,7 +21,8 @@ QUEUE_WAIT_BUCKETS = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60]
 
 
 class SubserverMetrics:
-    def __init__(self, pb_utils: Any, server: Subserver, period_s: float = 0.5, remote_peers: list[str] = ()) -> None:
+    def __init__(self, pb_utils: Any, server: Subserver, period_s: float = 0.5,
+                 remote_peers: Sequence[str] = ()) -> None:
         """``remote_peers``: the models on other servers of the deployment (a connected gauge each)."""
         family = pb_utils.MetricFamily
         model = {"model": server.name}

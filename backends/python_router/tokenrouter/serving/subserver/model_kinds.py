@@ -132,6 +132,9 @@ class SubserverModel:
         transport = config.transport
         for peer in remote:
             address = config.models[peer].server
+            if address is None:  # a model this repository does not serve must say where it runs
+                raise ValueError(f"model '{peer}' is not served here and names no server (models.{peer}.server: "
+                                 "HOST:PORT)")
             self._transport.add_link(PeerLink(
                 self.name, peer, address, stream_opener(address, peer), secret=secret, view=view,
                 down_after_s=transport.down_after_s, delay_s=transport.delay_ms / 1e3,

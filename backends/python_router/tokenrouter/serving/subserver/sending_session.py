@@ -198,7 +198,7 @@ class SendingSession:
         self.state = UP
         for number, sent in self._unanswered.items():  # the same session: whatever may be lost goes again
             sent.sent_at = now
-            self._channel.send(number, sent.payload, self._batch_parameters(number))
+            self._live_channel().send(number, sent.payload, self._batch_parameters(number))
         self._last_sent = now
         if was == CONNECTING:
             log.info("%s -> %s at %s: connected", self.name, self.peer, self.address)
@@ -215,7 +215,7 @@ class SendingSession:
         payload = encode_batch(messages)
         self._unanswered[number] = _Sent(payload, now)
         self._last_sent = now
-        self._channel.send(number, payload, self._batch_parameters(number))
+        self._live_channel().send(number, payload, self._batch_parameters(number))
 
     def _batch_parameters(self, number: int) -> dict[str, str]:
         return {**self._secret_parameters, LINK_PARAMETER: link_parameter(self.name, self.epoch, number)}
@@ -237,6 +237,12 @@ class SendingSession:
         self._numbers = itertools.count(1)
         self._unanswered.clear()
         self._pending.clear()
+
+    def _live_channel(self) -> Channel:
+        """The open stream: set by _connect until _close_channel; the session is up only while it is."""
+        if self._channel is None:
+            raise RuntimeError(f"{self.name} -> {self.peer}: no open stream to send on (state {self.state})")
+        return self._channel
 
     def _close_channel(self) -> None:
         if self._channel is not None:

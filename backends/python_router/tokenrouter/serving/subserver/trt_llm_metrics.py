@@ -45,7 +45,7 @@ def trt_llm_snapshot(server: Subserver) -> dict[str, dict[str, float]]:
     left = [len(r.token_ids) - r.cached for r in scheduled]
     context_left = [n for n in left if n > 1]
     total, free = engine.num_total_blocks, engine.num_free_blocks
-    waiting = len(core.role.admission.waiting) if server.is_entry else 0
+    waiting = core.queued  # the admission queue lives at the entry: 0 elsewhere
     return {
         "nv_trt_llm_request_metrics": {"active": len(held), "max": core.limits.max_active,
                                        "scheduled": len(scheduled), "context": len(context_left),

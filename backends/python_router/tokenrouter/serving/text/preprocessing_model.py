@@ -43,10 +43,12 @@ class TritonPythonModel(TokenizerModel):
         for name in REFUSED:
             if input_array(request, name) is not None:
                 raise RequestError(f"{name}: {REFUSED[name]}")
-        arrays = {name: input_array(request, name) for name in ("QUERY", "REQUEST_OUTPUT_LEN")}
-        for name, array in arrays.items():
+        arrays: dict[str, np.ndarray] = {}
+        for name in ("QUERY", "REQUEST_OUTPUT_LEN"):
+            array = input_array(request, name)
             if array is None:
                 raise RequestError(f"{name} is missing (TensorRT-LLM's preprocessing requires it)")
+            arrays[name] = array
         rows = arrays["QUERY"].shape[0]
         words = {name: input_array(request, name) for name in (
             "STOP_WORDS_DICT", "BAD_WORDS_DICT", "EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS_WEIGHTS")}
