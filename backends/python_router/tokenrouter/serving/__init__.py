@@ -34,8 +34,10 @@ subserver/  the python_router backend's stubs (one per model: ``slm``, ``llm``, 
     tracked_requests.py TrackedRequests     the senders being answered; the keys fronts named them by
     bls_transport.py    BlsTransport        peer messages to the other subservers of this server by BLS
     placed_transport.py PlacedTransport     peers here by BLS, peers on other servers by their link
-    peer_link.py        PeerLink            one direction to a peer on another server: numbered batches on
-                                            one stream, heartbeat, reconnect, give-up
+    peer_link.py        PeerLink            one direction to a peer on another server: its thread, which
+                                            drives the sending session over a stream
+    sending_session.py  SendingSession      the session protocol's sending end, thread-free: numbered
+                                            batches, resend, heartbeat, reconnect, give-up; ``Channel``
     peer_sessions.py    PeerSessions        the receiving end of those links: each batch applied once, in order
     grpc_channel.py     TritonStream        a link's stream: Triton's ModelStreamInfer into the peer model
     metrics.py          SubserverMetrics    custom metric families on Triton's metrics port

@@ -19,7 +19,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ..schema import PEER_INPUT
-from .peer_link import Channel, OpenChannel
+from .sending_session import Channel, OpenChannel
 
 log = logging.getLogger(__name__)
 

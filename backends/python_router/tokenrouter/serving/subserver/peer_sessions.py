@@ -1,4 +1,5 @@
-"""The receiving end of the links from subservers on other Triton servers (peer_link.py sends).
+"""The receiving end of the links from subservers on other Triton servers (sending_session.py is
+the sending end, driven by peer_link.py).
 
 A link is one session per sending model: it opens with a *hello* (the sender's view of the
 deployment, placement.py, and its session's *epoch*), then numbers its batches 1, 2, 3, ... After a
