@@ -5,9 +5,8 @@ error that says what died, the server stops saying it is ready within seconds (t
 not waited for: engine/rank_watch.py), no rank of the old server outlives it, the supervisor restarts
 the server, and it serves again.
 
-Slow: a vLLM TP-2 stub starts in minutes on the shared 2-core machine, twice here (start, restart).
-Known to fail at the last stage here: in both runs so far the restarted server loaded every stub and
-never opened its ports (docs/engine.md, "Tensor parallelism"); everything before it passed.
+Slow: a vLLM TP-2 stub starts twice here (start, restart): 80 s on a quiet 2-core machine. On a busy
+one the restart can hang in Triton's Python backend (docs/reliability.md, "A start that hangs").
 """
 
 from __future__ import annotations
