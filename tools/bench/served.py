@@ -79,8 +79,8 @@ class Comparison:
 
 COMPARISONS = (
     Comparison("served", "embedded", throughput=0.9, ttft=2.0, cpu_ms=0.5),
-    Comparison("openai", "served", throughput=0.95, ttft=1.2, cpu_ms=0.1, added_by=f"server: {OPENAI_SERVER}"),  # 26
-    Comparison(TWO_SERVERS, "served", throughput=0.95, ttft=1.2, cpu_ms=None),  # 27
+    Comparison("openai", "served", throughput=0.95, ttft=1.2, cpu_ms=0.1, added_by=f"server: {OPENAI_SERVER}"),
+    Comparison(TWO_SERVERS, "served", throughput=0.95, ttft=1.2, cpu_ms=None),
     # the added hop: Dynamo's frontend (its worker runs the pair, as Triton does for `served`)
     Comparison(DYNAMO, "served", throughput=0.95, ttft=1.2, cpu_ms=None, added_by=f"fleet: {FRONTEND}"),
 )
