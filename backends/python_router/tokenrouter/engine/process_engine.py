@@ -171,7 +171,7 @@ def _serve(conn: Connection) -> None:
     """The child: build the engine, then answer calls until told to close."""
     from .factory import create_engine
 
-    _die_with_parent()
+    die_with_parent()
     message = pickle.loads(conn.recv_bytes())
     engine: Engine | None = None
     try:
@@ -254,7 +254,7 @@ class LogitsBuffer:
         self._memory.unlink()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """End this process soon after its parent dies. Without it a child busy loading a model or running
     a long call (several GB of memory) outlived a killed parent until that call ended. Linux's
     PR_SET_PDEATHSIG would fire when the parent *thread* that started us exits (engines are started

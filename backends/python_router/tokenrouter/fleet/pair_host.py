@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..engine.process_engine import _die_with_parent
+from ..engine.process_engine import die_with_parent
 from ..request_builder import RequestError
 from ..runtime.admission import ServerBusy
 from ..runtime.api import RequestHandle, TokenRouter
@@ -161,7 +161,7 @@ def _answer_control(router: TokenRouter, control: BlockingChannel) -> None:
 def main(argv: list[str]) -> None:
     config, requests_fd, control_fd = argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when this process ends (it drains first)
-    _die_with_parent()
+    die_with_parent()
     serve(config, BlockingChannel(socket.socket(fileno=int(requests_fd))),
           BlockingChannel(socket.socket(fileno=int(control_fd))))
 
