@@ -12,10 +12,9 @@ import pytest
 
 from tokenrouter.protocol import PeerMessage, decode_batch
 from tokenrouter.runtime.transport import PeerUnreachable
-from tokenrouter.serving.pair_secret import PAIR_SECRET_PARAMETER
 from tokenrouter.serving.subserver.peer_link import PeerLink
-from tokenrouter.serving.subserver.peer_sessions import (HELLO_PARAMETER, LINK_PARAMETER, LinkRefused, PeerSessions,
-                                                         link_parameter)
+from tokenrouter.serving.subserver.peer_sessions import (HELLO_PARAMETER, LINK_PARAMETER, LINK_SECRET_PARAMETER,
+                                                         LinkRefused, PeerSessions, link_parameter)
 
 SECRET = "s" * 32
 VIEW = {"models": ["a", "b"], "scheduling.max_active": 8}
@@ -55,7 +54,7 @@ class Wire:
 
     def __init__(self, view: dict = VIEW) -> None:
         self.lost: list[tuple[str, str]] = []
-        self.sessions = PeerSessions(SECRET, view, ["a"], here="'b' at peer:1",
+        self.sessions = PeerSessions(view, {"a": SECRET}, here="'b' at peer:1",
                                      on_session_lost=lambda sender, why: self.lost.append((sender, why)))
         self.received: list[PeerMessage] = []
         self.calls: list[tuple[int, str]] = []
@@ -208,14 +207,14 @@ def test_an_idle_link_keeps_talking_and_a_delay_holds_each_batch(wire, events):
 
 
 def test_the_receiving_end_refuses_what_is_not_a_genuine_link_call():
-    sessions = PeerSessions(SECRET, VIEW, ["a"], here="'b'", on_session_lost=lambda *a: None)
-    hello = {PAIR_SECRET_PARAMETER: SECRET, LINK_PARAMETER: link_parameter("a", "e1", 0),
+    sessions = PeerSessions(VIEW, {"a": SECRET}, here="'b'", on_session_lost=lambda *a: None)
+    hello = {LINK_SECRET_PARAMETER: SECRET, LINK_PARAMETER: link_parameter("a", "e1", 0),
              HELLO_PARAMETER: '{"models": ["a", "b"], "scheduling.max_active": 8}'}
     never = lambda: pytest.fail("decoded a call that is refused")  # noqa: E731
-    for parameters, error in (({**hello, PAIR_SECRET_PARAMETER: "x" * 32}, "without the pair secret"),
-                              ({k: v for k, v in hello.items() if k != PAIR_SECRET_PARAMETER}, "without the pair"),
+    for parameters, error in (({**hello, LINK_SECRET_PARAMETER: "x" * 32}, "from 'a' to 'b' without its secret"),
+                              ({k: v for k, v in hello.items() if k != LINK_SECRET_PARAMETER}, "without its secret"),
                               ({**hello, LINK_PARAMETER: "a/e1"}, "must be SENDER/EPOCH/NUMBER"),
-                              ({**hello, LINK_PARAMETER: link_parameter("c", "e1", 0)}, "'c' is not a model"),
+                              ({**hello, LINK_PARAMETER: link_parameter("c", "e1", 0)}, "'c' is not a peer model"),
                               ({**hello, LINK_PARAMETER: link_parameter("a", "e1", 1)}, "no session e1")):
         with pytest.raises(LinkRefused, match=error):
             sessions.take(parameters, never)
@@ -226,8 +225,8 @@ def test_the_receiving_end_refuses_what_is_not_a_genuine_link_call():
 
 
 def test_a_batch_that_comes_early_waits_for_the_ones_before_it():
-    sessions = PeerSessions(SECRET, VIEW, ["a"], here="'b'", on_session_lost=lambda *a: None)
-    base = {PAIR_SECRET_PARAMETER: SECRET}
+    sessions = PeerSessions(VIEW, {"a": SECRET}, here="'b'", on_session_lost=lambda *a: None)
+    base = {LINK_SECRET_PARAMETER: SECRET}
     sessions.take({**base, LINK_PARAMETER: link_parameter("a", "e", 0), HELLO_PARAMETER: '{"models": ["a", "b"], '
                    '"scheduling.max_active": 8}'}, list)
     take = lambda n: [m.tokens[0] for m in sessions.take(  # noqa: E731

@@ -37,7 +37,7 @@ class FakePeer:
 
     def __init__(self) -> None:
         self.lost: list[str] = []
-        self.receiver = PeerSessions(SECRET, VIEW, ["a"], here="'b'",
+        self.receiver = PeerSessions(VIEW, {"a": SECRET}, here="'b'",
                                      on_session_lost=lambda sender, why: self.lost.append(sender))
         self.applied: list[int] = []
         self.channels: list[FakeChannel] = []
