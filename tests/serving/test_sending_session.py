@@ -10,7 +10,7 @@ import pytest
 
 from tokenrouter.protocol import PeerMessage, decode_batch
 from tokenrouter.serving.subserver.peer_sessions import LinkRefused, PeerSessions
-from tokenrouter.serving.subserver.sending_session import CONNECTING, RECONNECTING, UP, SendingSession
+from tokenrouter.serving.subserver.sending_session import CONNECTING, RECONNECTING, UP, Pacing, SendingSession
 
 SECRET = "s" * 32
 VIEW = {"models": ["a", "b"]}
@@ -81,12 +81,17 @@ def message(i: int, kind: str = "progress") -> PeerMessage:
     return PeerMessage(kind=kind, rid=f"{'h' if kind == 'handoff' else 'r'}{i}", sender="a", tokens=[i], origins=[0])
 
 
-def up_session() -> tuple[SendingSession, FakePeer, Calls]:
-    """A session that said hello to a fresh peer and is up; the peer; what the session called back."""
+def new_session(pacing: Pacing = Pacing()) -> tuple[SendingSession, FakePeer, Calls]:
     peer, calls = FakePeer(), Calls()
     session = SendingSession("a", "b", "peer:1", peer.open, secret=SECRET, view=VIEW, down_after_s=DOWN_AFTER_S,
                              on_up=calls.up.append, on_down=lambda p, error: calls.down.append((p, error)),
-                             on_failure=lambda rid, error: calls.failed.append(rid))
+                             on_failure=lambda rid, error: calls.failed.append(rid), pacing=pacing)
+    return session, peer, calls
+
+
+def up_session(pacing: Pacing = Pacing()) -> tuple[SendingSession, FakePeer, Calls]:
+    """A session that said hello to a fresh peer and is up; the peer; what the session called back."""
+    session, peer, calls = new_session(pacing)
     session.tick(0.0)  # opens a stream and says hello
     peer.deliver(session, 0.0)
     assert session.state == UP and calls.up == ["b"]
@@ -207,3 +212,49 @@ def test_a_stale_streams_break_or_an_old_sessions_answer_changes_nothing():
     assert session.state == UP
     peer.deliver(session, 0.2)
     assert peer.applied == [0]
+
+
+def test_with_one_call_in_flight_what_is_queued_meanwhile_goes_in_the_next_call_once_answered():
+    session, peer, calls = up_session(Pacing(in_flight=1))
+    queue_batches(session, 0, 4, 0.1)  # the first goes; the other three wait for its answer
+    assert [number for number, _, _ in peer.channels[-1].calls] == [1]
+    assert session.next_wakeup(0.1) == pytest.approx(0.1 + DOWN_AFTER_S)  # no heartbeat while one is out
+    session.tick(0.5)
+    assert len(peer.channels[-1].calls) == 1
+    peer.deliver(session, 0.5)
+    session.tick(0.5)
+    (number, payload, _), = peer.channels[-1].calls
+    assert number == 2 and [m.tokens[0] for m in decode_batch(payload)] == [1, 2, 3]
+    peer.deliver(session, 0.5)
+    assert peer.applied == [0, 1, 2, 3] and calls.down == []
+
+
+def test_held_while_connecting_messages_go_once_up_and_handoffs_fail_after_down_after_s():
+    session, peer, calls = new_session(Pacing(hold_while_connecting=True))
+    session.queued(session.epoch, 0.0, [message(0, "handoff")])
+    session.tick(0.0)  # hello out, not answered yet
+    assert session.state == CONNECTING and calls.failed == []
+    peer.deliver(session, 0.1)
+    session.tick(0.1)
+    peer.deliver(session, 0.1)
+    assert peer.applied == [0] and calls.failed == []
+    held, _, calls = new_session(Pacing(hold_while_connecting=True))
+    held.queued(held.epoch, 0.0, [message(1, "handoff"), message(2)])
+    held.tick(DOWN_AFTER_S)
+    assert calls.failed == [] and held.next_wakeup(DOWN_AFTER_S) <= DOWN_AFTER_S + 0.05
+    held.tick(DOWN_AFTER_S + 0.01)
+    assert calls.failed == ["h1"]
+    unheld, _, calls = new_session()  # between servers: a handoff fails at once
+    unheld.queued(unheld.epoch, 0.0, [message(3, "handoff")])
+    assert calls.failed == ["h3"]
+
+
+@pytest.mark.parametrize("max_retry_s", [0.1, 2.0])
+def test_a_refused_hello_is_asked_again_after_the_pacings_longest_wait(max_retry_s):
+    session, peer, calls = new_session(Pacing(max_retry_s=max_retry_s))
+    session.tick(0.0)
+    session.answered(session.epoch, None, "Model 'b' is not ready", 0.0)
+    session.tick(max_retry_s - 0.01)
+    assert len(peer.channels) == 1
+    session.tick(max_retry_s)
+    assert len(peer.channels) == 2
