@@ -3,7 +3,7 @@ BLS request (``peer_message``, the link's parameters) into the peer model, made 
 own thread with a blocking ``exec``: never from an event loop, never concurrent
 ``async_exec(decoupled=True)`` (see notes/triton.md). So the channel carries one call at a time,
 and ``SAME_SERVER`` tells the session to keep one batch in flight: what is queued meanwhile goes
-together in the next call, as a burst of handoffs did through the per-peer pump before.
+together in the next call (a burst of handoffs costs one round trip).
 
 A call the peer answered (its FINAL, or its error) is reported with its number; a call that raised
 (the peer model unloaded, the server stopping) breaks the channel, and the session opens another.

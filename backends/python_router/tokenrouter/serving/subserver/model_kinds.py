@@ -148,8 +148,8 @@ class SubserverModel:
             self._transport.add_link(PeerLink(
                 self.name, peer, address, open_channel, secret=peer_secret, view=view, pacing=pacing,
                 down_after_s=transport.down_after_s, delay_s=delay_s, on_up=self._on_peer_up,
-                on_down=self._on_peer_down, on_failure=self._on_transport_failure,
-                on_round_trip=self._metrics.observe_round_trip), remote=peer in self._remote)
+                on_down=self._on_peer_down, on_round_trip=self._metrics.observe_round_trip),
+                remote=peer in self._remote)
         return PeerSessions(view, secrets, here=f"'{self.name}' at {config.models[self.name].server or 'this server'}",
                             on_session_lost=self.subserver.peer_lost)
 
@@ -161,9 +161,6 @@ class SubserverModel:
         if peer in self._remote:
             self._metrics.peer_connected(peer, False)
         self.subserver.peer_lost(peer, error)
-
-    def _on_transport_failure(self, rid: str, error: str) -> None:
-        self.subserver.fail(rid, error)
 
     def execute(self, requests: list) -> None:
         self._intake.execute(requests)

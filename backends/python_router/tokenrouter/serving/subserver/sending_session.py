@@ -10,9 +10,11 @@ a BLS call into a peer model of the same server. A channel's ``Pacing`` says how
   applies each once, in its number's order).
 - **Liveness**: a heartbeat (an empty batch) goes out when nothing else did for a quarter of
   ``down_after_s``; a broken stream is reopened at once, then with a growing delay.
-- **Give-up**: no answer for ``down_after_s`` (or no new stream within it) loses the session:
-  ``on_down(peer, error)`` (the requests away at the peer end: ``Subserver.peer_lost``), the handoffs
-  not yet sent fail (``on_failure``), and a new session is tried until the peer answers (``on_up``).
+- **Give-up**: no answer for ``down_after_s`` (or no new stream within it, or messages held that long
+  for a session that does not come up) loses the session: what it had not sent is dropped,
+  ``on_down(peer, error)`` is the one consequence (``Subserver.peer_lost``: every request away at the
+  peer ends with that error, the dropped handoffs' included), and a new session is tried until the
+  peer answers (``on_up``).
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ class Pacing:
     meanwhile goes in one batch once there is room (a channel that carries one call at a time would
     only queue more calls). ``max_retry_s``: the longest wait between two tries to open a stream or a
     session. ``hold_while_connecting``: messages queued while the session is connecting wait for it
-    (up to ``down_after_s``, then handoffs fail) instead of failing at once: a peer in the same
-    server is only loading, where a peer server may be down for long."""
+    (up to ``down_after_s``, then the peer is lost) instead of losing the peer at once: a peer in the
+    same server is only loading, where a peer server may be down for long."""
 
     in_flight: int | None = None
     max_retry_s: float = MAX_RETRY_S
@@ -76,8 +78,8 @@ class _Sent:
 class SendingSession:
     def __init__(self, name: str, peer: str, address: str, open_channel: Callable[[str, int], Channel], *, secret: str,
                  view: dict[str, Any], down_after_s: float, on_up: Callable[[str], None],
-                 on_down: Callable[[str, str], None], on_failure: Callable[[str, str], None],
-                 on_round_trip: Callable[[float], None] | None = None, pacing: Pacing = BETWEEN_SERVERS) -> None:
+                 on_down: Callable[[str, str], None], on_round_trip: Callable[[float], None] | None = None,
+                 pacing: Pacing = BETWEEN_SERVERS) -> None:
         """``open_channel(epoch, channel)`` opens a stream whose answers and breaks the driver hands
         back (``answered``, ``broken``) with that epoch and channel count. ``secret``: what the peer
         takes this node's calls by (peer_sessions.py: the server start's secret within a server, the
@@ -88,7 +90,7 @@ class SendingSession:
         self._secret_parameters = link_secret_parameters(secret)
         self._hello = json.dumps(view, sort_keys=True)
         self._down_after_s, self._heartbeat_s = down_after_s, down_after_s / 4
-        self._on_up, self._on_down, self._on_failure = on_up, on_down, on_failure
+        self._on_up, self._on_down = on_up, on_down
         self._on_round_trip = on_round_trip
         # read by any thread (PeerLink.send), written here only
         self.state = CONNECTING
@@ -116,10 +118,9 @@ class SendingSession:
 
     def queued(self, epoch: str, due: float, messages: list[PeerMessage]) -> None:
         """Messages to ship no earlier than ``due``, queued while session ``epoch`` was current."""
-        if epoch != self.epoch or (self.state == CONNECTING and not self.pacing.hold_while_connecting):
-            self._fail_handoffs(messages, self.unreachable() or "the session to it was lost")
-        else:
-            self._pending.append((due, messages))
+        if epoch != self.epoch:
+            return  # that session was lost after they were queued: its on_down ended their requests
+        self._pending.append((due, messages))
 
     def answered(self, epoch: str, number: int | None, error: str | None, now: float) -> None:
         """The peer answered call ``number`` (None: a refusal that did not echo it) of session ``epoch``."""
@@ -164,8 +165,9 @@ class SendingSession:
             elif now - self._last_sent >= self._heartbeat_s:
                 self._ship(now, heartbeat=True)
             return
-        if self.state == CONNECTING:
-            self._fail_held(now)
+        if self.state == CONNECTING and self._pending and now - self._pending[0][0] > self._down_after_s:
+            self.lose(f"{self._problem}; messages waited {self._down_after_s:g} s for it", now)
+            return
         if self.state == RECONNECTING and now - self._trouble_since > self._down_after_s:
             self.lose(f"{self._problem}, and no new stream within {self._down_after_s:g} s", now)
         if self._hello_sent_at is not None and now - self._hello_sent_at > self._down_after_s:
@@ -187,23 +189,20 @@ class SendingSession:
         times = [self._retry_at if self._channel is None else now + 0.05]
         if self.state == RECONNECTING:
             times.append(self._trouble_since + self._down_after_s)
-        elif self._pending:  # held while connecting: they fail when the wait is over
+        elif self._pending:  # held while connecting: the peer is lost when the wait is over
             times.append(self._pending[0][0] + self._down_after_s)
         return min(times)
 
     def lose(self, reason: str, now: float) -> None:
-        """Give the session up: what it carried is lost on both ends; a new one starts when the peer answers."""
-        was = self.state
+        """Give the session up: what it carried is lost on both ends (``on_down``; the messages not sent
+        are dropped); a new one starts when the peer answers."""
         self._close_channel()
         self._problem = reason
         self.state = CONNECTING
-        for _, messages in self._pending:
-            self._fail_handoffs(messages, reason)
         self._new_session()
         self._retry_at = now + self._retry_s
-        if was != CONNECTING:
-            log.error("%s -> %s at %s: lost (%s)", self.name, self.peer, self.address, reason)
-            self._on_down(self.peer, f"model '{self.peer}' at {self.address} is unreachable: {reason}")
+        log.error("%s -> %s at %s: lost (%s)", self.name, self.peer, self.address, reason)
+        self._on_down(self.peer, f"model '{self.peer}' at {self.address} is unreachable: {reason}")
 
     def close(self) -> None:
         self._close_channel()
@@ -265,11 +264,6 @@ class SendingSession:
     def _has_room(self) -> bool:
         return self.pacing.in_flight is None or len(self._unanswered) < self.pacing.in_flight
 
-    def _fail_held(self, now: float) -> None:
-        """Messages held for a session that did not come up within ``down_after_s``: their handoffs fail."""
-        while self._pending and now - self._pending[0][0] > self._down_after_s:
-            self._fail_handoffs(self._pending.popleft()[1], self.unreachable() or "not connected")
-
     def _new_session(self) -> None:
         self.epoch = secrets.token_hex(8)
         self._numbers = itertools.count(1)
@@ -286,12 +280,6 @@ class SendingSession:
         if self._channel is not None:
             self._channel.close()
         self._channel, self._hello_sent_at = None, None
-
-    def _fail_handoffs(self, messages: list[PeerMessage], reason: str) -> None:
-        for message in messages:
-            if message.kind == "handoff":
-                self._on_failure(message.rid, f"could not reach model '{self.peer}' at {self.address}: "
-                                              f"{reason}")
 
     def _tell(self, problem: str) -> None:
         if problem != self._told:
