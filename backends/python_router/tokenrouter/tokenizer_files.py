@@ -88,7 +88,9 @@ class FileTokenizer:
         return self._backend.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch lets go of the GIL while it works (encode holds it: a 1 MB prompt stalled other threads
+        # for seconds); a worker thread counting a big prompt leaves the event loop running
+        return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Special tokens skipped, spaces as decoded (transformers' clean_up_tokenization_spaces=False)."""
