@@ -52,7 +52,7 @@ def test_chat_reply_with_usage_counted_by_the_tokenizer(client, codec) -> None:
     choice = reply.choices[0]
     assert reply.object == "chat.completion" and reply.model == MODEL and choice.message.role == "assistant"
     assert choice.message.content and choice.finish_reason == "length"
-    prompt = codec.tokenizer.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=True, return_dict=False)
+    prompt = codec.tokenizer.encode(codec.tokenizer.render_chat(HELLO), add_special_tokens=False)
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(prompt), 12)
     assert reply.usage.total_tokens == len(prompt) + 12
     assert reply.routing_policy == "random" and 0.0 <= choice.large_model_share <= 1.0
