@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Iterator
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
+from helpers.waiting import wait_for
 from fake_pb_utils import BlsCall, EntryResponse, fake_pb
 
 from tokenrouter.protocol import PeerMessage, decode_batch
@@ -26,13 +28,6 @@ from tokenrouter.serving.subserver.sending_session import CONNECTING, UP
 SECRET = "server-start-secret"
 VIEW = {"models": ["slm", "llm"]}
 DOWN_AFTER_S = 0.5
-
-
-def wait_for(condition: Callable[[], object], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 def message(i: int, kind: str = "progress") -> PeerMessage:
@@ -93,19 +88,23 @@ class Calls:
         self.down: list[str] = []
 
 
-def link_to(peer: PeerModel, calls: Calls) -> tuple[PeerLink, list[BlsCall]]:
+@contextmanager
+def link_to(peer: PeerModel, calls: Calls) -> Iterator[tuple[PeerLink, list[BlsCall]]]:
+    """The link from 'slm' to ``peer`` and the BLS calls it makes; closed on the way out."""
     pb = fake_pb(answer=peer.answer)
     link = PeerLink("slm", "llm", "this server", lambda on_answer, on_broken: BlsChannel(pb, "llm", on_answer,
                                                                                           on_broken),
                     secret=SECRET, view=VIEW, down_after_s=DOWN_AFTER_S, pacing=SAME_SERVER,
                     on_up=calls.up.append, on_down=lambda peer, error: calls.down.append(error))
-    return link, pb.bls_calls
+    try:
+        yield link, pb.bls_calls
+    finally:
+        link.close()
 
 
 def test_messages_are_applied_once_in_order_one_call_at_a_time_with_a_burst_in_one_call() -> None:
     peer, calls = PeerModel(), Calls()
-    link, bls_calls = link_to(peer, calls)
-    try:
+    with link_to(peer, calls) as (link, bls_calls):
         wait_for(lambda: link.state == UP)
         assert all(call.parameters[LINK_SECRET_PARAMETER] == SECRET for call in bls_calls)
         peer.gate.clear()  # the next call waits in the peer: what is sent meanwhile must wait too
@@ -118,28 +117,22 @@ def test_messages_are_applied_once_in_order_one_call_at_a_time_with_a_burst_in_o
         wait_for(lambda: peer.applied == list(range(6)))
         assert peer.batches == [[0], [1, 2, 3, 4, 5]]  # the burst queued behind the first call: one call
         assert peer.most_in_call == 1 and calls.down == []
-    finally:
-        link.close()
 
 
 def test_a_call_that_raises_reopens_the_channel_and_the_batch_goes_again_on_the_same_session() -> None:
     peer, calls = PeerModel(), Calls()
-    link, _ = link_to(peer, calls)
-    try:
+    with link_to(peer, calls) as (link, _):
         wait_for(lambda: link.state == UP)
         peer.raise_next = 1
         link.send([message(0)])
         link.send([message(1)])
         wait_for(lambda: peer.applied == [0, 1])
         assert calls.down == [] and peer.lost == [] and link.state == UP
-    finally:
-        link.close()
 
 
 def test_a_refused_batch_loses_the_peer_and_a_new_session_follows() -> None:
     peer, calls = PeerModel(), Calls()
-    link, _ = link_to(peer, calls)
-    try:
+    with link_to(peer, calls) as (link, _):
         wait_for(lambda: link.state == UP)
         peer.refuse_batches = True
         link.send([message(0)])
@@ -148,15 +141,12 @@ def test_a_refused_batch_loses_the_peer_and_a_new_session_follows() -> None:
         peer.refuse_batches = False
         wait_for(lambda: calls.up == ["llm", "llm"])  # a new session: the peer gives the old one up
         wait_for(lambda: peer.lost == ["slm"])
-    finally:
-        link.close()
 
 
 def test_messages_wait_for_a_peer_that_is_loading() -> None:
     peer, calls = PeerModel(), Calls()
     peer.loaded = False
-    link, _ = link_to(peer, calls)
-    try:
+    with link_to(peer, calls) as (link, _):
         time.sleep(0.05)
         assert link.state == CONNECTING and link.problem is not None
         link.send([message(0, "handoff")])  # held, not refused
@@ -164,15 +154,12 @@ def test_messages_wait_for_a_peer_that_is_loading() -> None:
         peer.loaded = True
         wait_for(lambda: peer.applied == [0], timeout_s=DOWN_AFTER_S)
         assert calls.down == []
-    finally:
-        link.close()
 
 
 def test_a_peer_that_never_loads_is_lost_after_down_after_s_with_what_was_held() -> None:
     peer, calls = PeerModel(), Calls()
     peer.loaded = False
-    link, _ = link_to(peer, calls)
-    try:
+    with link_to(peer, calls) as (link, _):
         sent = time.monotonic()
         link.send([message(0, "handoff")])
         wait_for(lambda: calls.down, timeout_s=5 * DOWN_AFTER_S)
@@ -183,8 +170,6 @@ def test_a_peer_that_never_loads_is_lost_after_down_after_s_with_what_was_held()
         wait_for(lambda: link.state == UP)
         time.sleep(0.05)
         assert peer.applied == []  # the held handoff went with the lost session
-    finally:
-        link.close()
 
 
 @pytest.mark.parametrize("raises", [False, True], ids=["answered", "raised"])

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from helpers.waiting import wait_for
 from tokenrouter.protocol import PeerMessage, decode_batch
 from tokenrouter.serving.subserver.peer_link import PeerLink
 from tokenrouter.serving.subserver.peer_sessions import (HELLO_PARAMETER, LINK_PARAMETER, LINK_SECRET_PARAMETER,
@@ -81,13 +82,6 @@ def link_to(wire: Wire, events: Events, delay_s: float = 0.0) -> PeerLink:
     return PeerLink("a", "b", "peer:1", wire.open, secret=SECRET, view=VIEW, down_after_s=DOWN_AFTER_S,
                     delay_s=delay_s, on_up=events.up.append,
                     on_down=lambda peer, error: events.down.append((peer, error, time.monotonic())))
-
-
-def wait_for(condition, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 def progress(i: int) -> PeerMessage:

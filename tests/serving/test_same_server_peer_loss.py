@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
+from helpers.waiting import wait_for
 from fake_pb_utils import BlsCall, EntryResponse, fake_pb
 
 from tokenrouter.protocol import decode_batch
@@ -40,13 +41,6 @@ CONFIG = {
 }
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 class LargeModelStub:
     """The large model's side of BLS: its intake's receiving end feeding its subserver. ``hang()``
     stops its steps and fails the calls into it (a stub gone); ``resume()`` brings it back."""
@@ -63,7 +57,7 @@ class LargeModelStub:
             self._running.wait(30)
             return step(*args, **kwargs)
 
-        engine.step = gated_step
+        engine.step = gated_step  # type: ignore[method-assign]  # the stub stops stepping on hang()
 
     def hang(self) -> None:
         self._running.clear()
@@ -103,7 +97,7 @@ def test_a_lost_same_server_peer_ends_its_requests_clearly_and_both_pools_balanc
             stub.hang()
             hung = time.monotonic()
             results = [h.wait(10) for h in handles]
-            errors = [r.error for r in results if r.finish_reason == "error"]
+            errors = [r.error or "" for r in results if r.finish_reason == "error"]
             assert errors and all(r.finish_reason in ("error", "length") for r in results)
             assert all("model 'llm' at this server is unreachable" in e for e in errors), errors
             assert time.monotonic() - hung < 10 * DOWN_AFTER_S
