@@ -1,0 +1,223 @@
+"""The pair split over two Dynamo workers, end to end: `tokenrouter fleet --tiny --pools 1+1` on
+loopback (the entry worker: small model and policy, served; the peer worker: large model), called
+through Dynamo's OpenAI frontend. Each worker's own numbers (KV blocks in use, requests held, tokens
+it computed) come from its stats endpoint, read here with a Dynamo client of the test's own.
+
+One deployment for the whole file; the last test kills the peer worker, so the file runs in order."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from helpers.launcher import children
+from tokenrouter import TokenRouter
+from tokenrouter.fleet.launcher import fleet_environment, tiny_config
+from tokenrouter.launch.openai_process import free_port
+
+pytestmark = pytest.mark.timeout(400)
+PROMPT_IDS = [321, 784, 10, 67, 14, 301, 309]
+MODELS = ("slm", "llm")
+
+
+class WorkerStats:
+    """Each worker's stats endpoint, through a Dynamo runtime on a loop thread of the test's own."""
+
+    def __init__(self, run_dir: Path) -> None:
+        env = fleet_environment("file", run_dir)
+        self._saved = {key: os.environ.get(key) for key in env if key.startswith("DYN_")}
+        os.environ.update({key: value for key, value in env.items() if key.startswith("DYN_")})
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._clients = self._run(self._connect())
+
+    async def _connect(self) -> dict[str, Any]:
+        from dynamo._core import DistributedRuntime
+
+        self._runtime = DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
+        clients = {}
+        for model in MODELS:
+            clients[model] = await self._runtime.endpoint(f"tokenrouter.{model}.stats").client()
+            await clients[model].wait_for_instances()
+        return clients
+
+    def _run(self, coroutine: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def of(self, model: str) -> dict[str, Any]:
+        async def ask() -> dict[str, Any]:
+            client = self._clients[model]
+            stream = await client.direct({}, client.instance_ids()[0])
+            async for answer in stream:
+                return answer.data()
+            raise AssertionError(f"no stats from {model}")
+
+        return self._run(ask())
+
+    def all(self) -> dict[str, dict[str, Any]]:
+        return {model: self.of(model) for model in MODELS}
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._runtime.shutdown)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class Pools:
+    def __init__(self, process: subprocess.Popen, http_port: int, run_dir: Path) -> None:
+        self.process, self.run_dir = process, run_dir
+        self.url = f"http://127.0.0.1:{http_port}/v1"
+        self.client = openai.OpenAI(base_url=self.url, api_key="unused", max_retries=0, timeout=120)
+        self.stats: WorkerStats | None = None
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """The entry registers its model only once its link to the peer worker is up."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, (self.run_dir / "launcher.log").read_text()[-3000:]
+            try:
+                if [m.id for m in self.client.models.list().data] == ["tokenrouter"]:
+                    return
+            except openai.APIError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"the pools were not ready in {timeout} s; logs in {self.run_dir}")
+
+    def worker_pid(self, module: str) -> int:
+        return next(pid for pid in children(self.process.pid)
+                    if f"tokenrouter.fleet.{module}" in Path(f"/proc/{pid}/cmdline").read_text())
+
+    def idle(self, timeout: float = 3.0) -> dict[str, dict[str, Any]]:
+        """Both workers' stats once neither holds a request or a KV block (or at the timeout)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.stats.all()
+            if all(s["kv_blocks_used"] == 0 and s["requests_held"] == 0 for s in stats.values()) \
+                    or time.monotonic() > deadline:
+                return stats
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
+    run_dir = tmp_path_factory.mktemp("pools")
+    http_port = free_port()
+    command = [sys.executable, "-m", "tokenrouter.launch.cli", "fleet", "--tiny", "--pools", "1+1",
+               "--http-port", str(http_port), "--run-dir", str(run_dir), "--drain-timeout", "20"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(run_dir / "launcher.log", "wb"))
+    pools = Pools(process, http_port, run_dir)
+    try:
+        pools.wait_ready()
+        pools.stats = WorkerStats(run_dir)
+        yield pools
+    finally:
+        if pools.stats is not None:
+            pools.stats.close()
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                for pid in children(process.pid):
+                    os.kill(pid, signal.SIGKILL)
+                process.kill()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenRouter]:
+    with TokenRouter.from_config(tiny_config(tmp_path_factory.mktemp("reference"))) as router:
+        yield router
+
+
+def completion(pools: Pools, prompt: list[int], max_tokens: int) -> tuple[list[int], list[str], Any]:
+    response = pools.client.completions.create(
+        model="tokenrouter", prompt=prompt, max_tokens=max_tokens, logprobs=0,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True,
+                    "nvext": {"extra_fields": ["engine_data"]}})
+    tokens = [int(t.removeprefix("token_id:")) for t in response.choices[0].logprobs.tokens]
+    return tokens, response.model_extra["nvext"]["engine_data"]["response_models"], response
+
+
+def test_greedy_tokens_equal_the_embedded_api_and_the_large_model_ran_in_its_own_worker(pools, reference):
+    before = pools.stats.of("llm")
+    tokens, models, response = completion(pools, PROMPT_IDS, 24)
+    expected = reference.generate([PROMPT_IDS], max_tokens=24, ignore_eos=True)[0]
+    assert tokens == expected.token_ids
+    assert models == expected.models
+    assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == 24
+    after = pools.stats.of("llm")
+    # The handoffs crossed workers: the peer worker computed exactly the tokens credited to the large model.
+    assert models.count("llm") > 0
+    assert after["tokens_committed"] - before["tokens_committed"] == models.count("llm")
+    assert after["handoffs_in"] > before["handoffs_in"]
+
+
+def test_concurrent_requests_each_equal_the_embedded_api(pools, reference):
+    prompts = [PROMPT_IDS, [5, 6, 7, 8], [1000, 2000, 30, 40, 50, 60], [77] * 9]
+    results: dict[int, tuple[list[int], list[str]]] = {}
+
+    def one(i: int) -> None:
+        tokens, models, _ = completion(pools, prompts[i], 20)
+        results[i] = (tokens, models)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    expected = reference.generate(prompts, max_tokens=20, ignore_eos=True)
+    for i, result in enumerate(expected):
+        assert results[i] == (result.token_ids, result.models), i
+
+
+def test_kv_is_back_to_zero_on_both_workers_after_finish(pools):
+    completion(pools, PROMPT_IDS, 30)
+    stats = pools.idle()
+    assert all(s["kv_blocks_used"] == 0 and s["requests_held"] == 0 for s in stats.values()), stats
+
+
+def test_a_disconnect_frees_kv_on_both_workers(pools):
+    body = {"model": "tokenrouter", "prompt": PROMPT_IDS, "max_tokens": 900, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{pools.url}/completions", json=body) as response:
+            lines = response.iter_lines()
+            for _ in range(40):  # enough tokens for the random policy (rate 0.3) to have used both models
+                next(lines)
+            during = pools.stats.all()
+    assert during["slm"]["kv_blocks_used"] > 0 and during["llm"]["kv_blocks_used"] > 0, during
+    stats = pools.idle(timeout=2.0)
+    assert all(s["kv_blocks_used"] == 0 and s["requests_held"] == 0 for s in stats.values()), stats
+
+
+def test_bad_input_gets_an_openai_error_naming_the_field(pools):
+    with pytest.raises(openai.BadRequestError, match="min_p"):
+        pools.client.completions.create(model="tokenrouter", prompt=PROMPT_IDS, max_tokens=4,
+                                        extra_body={"min_p": 0.5})
+    assert pools.client.completions.create(model="tokenrouter", prompt=PROMPT_IDS, max_tokens=2).choices
+
+
+def test_sigterm_stops_every_worker(pools):
+    workers = [pools.worker_pid("entry_engine"), pools.worker_pid("peer_worker")]
+    pools.stats.close()
+    pools.stats = None
+    pools.process.send_signal(signal.SIGTERM)
+    assert pools.process.wait(90) == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
