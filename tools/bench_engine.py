@@ -25,7 +25,7 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from tokenrouter.config import ModelSpec
-from tokenrouter.engine.base import StepRow
+from tokenrouter.engine.base import Engine, StepRow
 from tokenrouter.engine.loader import transformers_attention
 from tokenrouter.engine.torch_engine import TorchEngine
 from tokenrouter_engines.models import model_dirs
@@ -53,7 +53,7 @@ def timed(fn: Callable[[], list[list[int]]]) -> tuple[list[list[int]], float]:
     return out, time.perf_counter() - start
 
 
-def engine_generate(engine: TorchEngine, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+def engine_generate(engine: Engine, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
     """All prefills in one step, then decode steps over the whole batch; greedy, no EOS stop."""
     for i in range(len(prompts)):
         engine.add_sequence(i)
@@ -113,7 +113,7 @@ def compare(engine: TorchEngine, prompts: list[list[int]], new_tokens: int, reps
     }
 
 
-def resume_cost(engine: TorchEngine, prefix: list[int], reps: int) -> dict[str, float]:
+def resume_cost(engine: Engine, prefix: list[int], reps: int) -> dict[str, float]:
     """Median ms of: one decode step; an extend by k after a pause; a prefill of the prefix + k."""
     def step_ms(seq_id: str, tokens: list[int]) -> float:
         start = time.perf_counter()

@@ -63,11 +63,14 @@ def engine_worker(member: str, path: Path, args: argparse.Namespace) -> dict[str
     """Runs in a process of its own (see ``run``): vLLM in-process, the torch engine beside it."""
     from transformers import AutoTokenizer
 
+    from tokenrouter.engine.vllm_engine import VLLMEngine
+
     common = dict(path=str(path), dtype=args.dtype, threads=args.threads, kv_cache_tokens=16384, max_batch_size=16,
                   max_prefill_tokens=4096)
     # One dtype for all three systems (``auto`` resolved as vLLM resolves it), so their rows compare.
     common["dtype"] = resolve_dtype(ModelSpec(engine="vllm", **common), on_gpu=False)
     vllm = create_engine(member, ModelSpec(engine="vllm", **common), owns_process=True)
+    assert isinstance(vllm, VLLMEngine)  # for ``generate_natively``, vLLM's own loop
     torch_engine = create_engine(member, ModelSpec(engine="torch", block_size=16, **common), owns_process=True)
     tokenizer = AutoTokenizer.from_pretrained(path)
     systems: dict[str, Callable[[list[list[int]], int], tuple[list[list[int]], int]]] = {
@@ -176,6 +179,8 @@ def routing_requests(config_path: Path, count: int, max_tokens: int) -> Requests
     from .quality_bench.humaneval import load_problems, prompt_text
 
     config = load_config(config_path)
+    if config.tokenizer_path is None:
+        raise SystemExit(f"{config_path}: no tokenizer (set `tokenizer`, or a `path` on the entry model)")
     codec = TextCodec.from_path(config.tokenizer_path, chat_template=True)  # end ids: <|im_end|> too
     # The prefill prompt renders its own chat turn: encode it as it is.
     texts = [prompt_text(p, "prefill", codec.tokenizer) for p in load_problems(count, sample_seed=0)]

@@ -21,8 +21,8 @@ import pytest
 
 from tokenrouter import TokenRouter
 from tokenrouter.procfs import proc_stat
-from tokenrouter.fleet.launcher import free_port_run, tiny_config
-from tokenrouter.launch.openai_process import free_port
+from tokenrouter.fleet.launcher import tiny_config
+from tokenrouter.launch.free_ports import free_port, free_port_run
 from helpers.launcher import children
 
 pytestmark = pytest.mark.timeout(400)

@@ -25,7 +25,7 @@ import pytest
 from helpers.launcher import children
 from tokenrouter import TokenRouter
 from tokenrouter.fleet.launcher import fleet_environment, tiny_config
-from tokenrouter.launch.openai_process import free_port
+from tokenrouter.launch.free_ports import free_port
 
 pytestmark = pytest.mark.timeout(400)
 PROMPT_IDS = [321, 784, 10, 67, 14, 301, 309]

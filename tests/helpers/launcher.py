@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tokenrouter.config import load_config
-from tokenrouter.launch.openai_process import free_port
+from tokenrouter.launch.free_ports import free_port
 from tokenrouter.launch.serve import TINY_CONFIG, TINY_FAMILY, TINY_SEED
 from tokenrouter.launch.processes import process_alive
 from tokenrouter.launch.triton_server import Ports

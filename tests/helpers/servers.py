@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Iterator
 
 from tokenrouter.config import FrontendSpec
-from tokenrouter.launch.openai_process import OpenAIServer, free_port
+from tokenrouter.launch.free_ports import free_port
+from tokenrouter.launch.openai_process import OpenAIServer
 from tokenrouter.launch.triton_install import find_triton
 from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.serving.repository import (CORE_MODEL, model_parameters, render_frontend, subserver_config,

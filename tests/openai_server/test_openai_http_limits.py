@@ -22,7 +22,7 @@ import httpx
 import pytest
 import uvicorn
 
-from tokenrouter.launch.openai_process import free_port
+from tokenrouter.launch.free_ports import free_port
 from tokenrouter.openai_server.app import create_app
 from tokenrouter.openai_server.http_limits import HttpLimits, server_config
 

@@ -20,8 +20,7 @@ from typing import Any, Sequence
 import yaml
 
 from tokenrouter.config import TokenRouterConfig
-from tokenrouter.fleet.launcher import free_port_run
-from tokenrouter.launch.openai_process import free_port
+from tokenrouter.launch.free_ports import free_port, free_port_run
 from tokenrouter.procfs import proc_stat
 
 from .compare import side_by_side

@@ -23,7 +23,8 @@ from typing import Any, Sequence
 from tokenrouter.config import TokenRouterConfig
 from tokenrouter.engine.base import Engine
 from tokenrouter.engine.factory import create_engine
-from tokenrouter.launch.openai_process import OpenAIServer, free_port
+from tokenrouter.launch.free_ports import free_port
+from tokenrouter.launch.openai_process import OpenAIServer
 from tokenrouter.launch.triton_install import build_backend_dir, find_triton
 from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.runtime.api import TokenRouter

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from tokenrouter.launch.openai_process import free_port
+from tokenrouter.launch.free_ports import free_port
 
 from . import prometheus
 

@@ -26,7 +26,8 @@ from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 from tokenrouter.config import ModelSpec, TokenRouterConfig
 from tokenrouter.engine.dtypes import resolve_dtype
-from tokenrouter.launch.openai_process import OpenAIServer, free_port
+from tokenrouter.launch.free_ports import free_port
+from tokenrouter.launch.openai_process import OpenAIServer
 from tokenrouter.launch.triton_install import build_backend_dir, find_triton
 from tokenrouter.launch.triton_server import Ports, TritonServer
 from tokenrouter.policies import create_policy

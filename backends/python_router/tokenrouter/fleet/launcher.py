@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -68,23 +66,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default -1: off)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds each process gets to finish its requests on SIGTERM (default 30)")
-
-
-def free_port_run(count: int) -> int:
-    """A first port of ``count`` free adjacent ones (worker i's status port is first + i), below
-    MAX_STATUS_PORT (tests, benchmarks)."""
-    for first in random.Random().sample(range(20000, MAX_STATUS_PORT - count), 200):
-        sockets = [socket.socket() for _ in range(count)]
-        try:
-            for offset, sock in enumerate(sockets):
-                sock.bind(("127.0.0.1", first + offset))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError(f"no {count} adjacent free ports")
 
 
 def fleet_environment(discovery: str, run_dir: Path) -> dict[str, str]:

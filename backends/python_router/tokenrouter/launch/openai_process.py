@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,13 +28,6 @@ from .errors import TritonError
 from .processes import die_with_parent, started
 
 DEFAULT_PORT = 9000
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel reports free right now (tests, benchmarks)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -10,7 +10,6 @@ import dataclasses
 import os
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -24,6 +23,7 @@ from tokenrouter.serving.pair_secret import move_secret_to_file
 from tokenrouter.serving.peer_auth import private_folder, secret_path, server_secret
 
 from .errors import StartAborted, TritonError
+from .free_ports import free_port_run
 from .processes import die_with_parent, started, stub_pids
 from .server_control import ServerControl
 from .shared_memory import make_private, remove_stale_shm_regions, shm_regions_of
@@ -77,15 +77,9 @@ class Ports:
 
     @classmethod
     def free(cls, host: str = "127.0.0.1") -> "Ports":
-        """Three ports the kernel reports free right now (tests; a race is unlikely, not impossible)."""
-        socks = [socket.socket() for _ in range(3)]
-        try:
-            for sock in socks:
-                sock.bind((host, 0))
-            return cls(*(sock.getsockname()[1] for sock in socks))
-        finally:
-            for sock in socks:
-                sock.close()
+        """Three adjacent ports free right now (tests, benchmarks: free_ports.py)."""
+        first = free_port_run(3, host)
+        return cls(first, first + 1, first + 2)
 
 
 @dataclass

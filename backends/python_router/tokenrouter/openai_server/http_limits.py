@@ -176,6 +176,10 @@ class GuardedProtocol(HttpToolsProtocol):
 def server_config(app: Any, host: str, port: int, *, drain_timeout_s: float, log_level: str = "warning",
                   limits: HttpLimits = HttpLimits()) -> uvicorn.Config:
     """uvicorn's configuration of the OpenAI server: the guarded protocol, no WebSocket upgrades."""
+    # uvicorn annotates the timeouts as int but hands them to asyncio's timers, which take seconds as
+    # floats; and ``http`` takes any factory of protocols (the class is only its usual value).
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                          timeout_graceful_shutdown=drain_timeout_s, timeout_keep_alive=limits.keep_alive_s,
-                          http=functools.partial(GuardedProtocol, limits=limits), ws="none")
+                          timeout_graceful_shutdown=drain_timeout_s,  # type: ignore[arg-type]
+                          timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
+                          http=functools.partial(GuardedProtocol, limits=limits),  # type: ignore[arg-type]
+                          ws="none")

@@ -51,10 +51,10 @@ class RequestState:
                            sampled_logprob=self.sampled_logprob)
 
     def commit(self, tokens: list[int], origins: list[int], logprobs: list[float | None]) -> None:
+        if self.spec.return_log_probs:
+            self.logprobs.extend(self._output_log_probs(logprobs))
         self.token_ids.extend(tokens)
         self.origins.extend(origins)
-        if self.spec.return_log_probs:
-            self.logprobs.extend(logprobs)
 
     def apply_suffix(self, anchor: int, tokens: list[int], origins: list[int], logprobs: list[float | None]) -> int:
         """Make the context ``context[:anchor] + tokens`` (a peer's newer view); returns how many
@@ -63,14 +63,22 @@ class RequestState:
         old_len = len(self.token_ids)
         if anchor > old_len:
             raise ValueError(f"request {self.rid}: anchor {anchor} is past the known context ({old_len})")
-        self.token_ids[anchor:] = tokens
         first_output = max(0, self.prompt_len - anchor)  # index in ``tokens`` of the first output position
-        self.origins[max(0, anchor - self.prompt_len):] = origins[first_output:]
-        if self.spec.return_log_probs:
+        if self.spec.return_log_probs:  # checked before anything changes: a refused suffix leaves no trace
             if len(logprobs) != len(tokens):
                 raise ValueError(f"request {self.rid}: {len(logprobs)} log probabilities for {len(tokens)} tokens")
-            self.logprobs[max(0, anchor - self.prompt_len):] = logprobs[first_output:]
+            self.logprobs[max(0, anchor - self.prompt_len):] = self._output_log_probs(logprobs[first_output:])
+        self.token_ids[anchor:] = tokens
+        self.origins[max(0, anchor - self.prompt_len):] = origins[first_output:]
         return len(self.token_ids) - old_len
+
+    def _output_log_probs(self, logprobs: list[float | None]) -> list[float]:
+        """Output positions' log probabilities; only prompt positions may lack one (a peer that
+        sends None for an output token is refused like one that sends too few)."""
+        floats = [value for value in logprobs if value is not None]
+        if len(floats) != len(logprobs):
+            raise ValueError(f"request {self.rid}: an output token without a log probability")
+        return floats
 
     def client_logprobs(self, count: int) -> list[float] | None:
         """The log probabilities of the last ``count`` output tokens for the client's sink (None

@@ -1,0 +1,42 @@
+"""Free ports for test and benchmark servers: below the ephemeral range (where outgoing connections
+take theirs), never one a listener holds, never the same one twice in a process."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+from tokenrouter.launch import free_ports
+from tokenrouter.launch.triton_server import Ports
+
+
+@pytest.fixture
+def window(monkeypatch: pytest.MonkeyPatch) -> range:
+    """Picks limited to four ports somewhere below the ephemeral range."""
+    lowest = random.randrange(21000, 31000)
+    monkeypatch.setattr(free_ports, "_LOWEST", lowest)
+    monkeypatch.setattr(free_ports, "_highest", lambda: lowest + 3)
+    return range(lowest, lowest + 4)
+
+
+def test_every_port_of_a_window_is_handed_out_once_then_none(window: range) -> None:
+    picked = {free_ports.free_port() for _ in window}
+    assert picked == set(window)
+    with pytest.raises(RuntimeError, match="no 1 adjacent free ports"):
+        free_ports.free_port()
+
+
+def test_a_port_a_listener_holds_is_skipped(window: range) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", window[0]))
+        listener.listen()
+        assert free_ports.free_port_run(3) == window[1]
+
+
+def test_picks_stay_below_the_ephemeral_range() -> None:
+    ephemeral_start = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = [Ports.free() for _ in range(20)]
+    numbers = [port for triple in ports for port in (triple.http, triple.grpc, triple.metrics)]
+    assert len(set(numbers)) == len(numbers)
+    assert max(numbers) < ephemeral_start
