@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tokenrouter.fleet.dynamo_channel import answer_call, direct_opener, peer_handler
+from tokenrouter.fleet.dynamo_channel import OriginSessions, answer_call, direct_opener, peer_handler
 from tokenrouter.protocol import PeerMessage
 from tokenrouter.runtime.transport import PeerUnreachable
 from tokenrouter.serving.subserver.peer_link import PeerLink
@@ -23,6 +23,7 @@ from tokenrouter.serving.subserver.sending_session import UP
 
 SECRET = "s" * 32
 VIEW = {"models": ["a", "b"]}
+ORIGIN = 99
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -51,7 +52,8 @@ class FakeDynamoClient:
         if instance_id not in self.instances:
             raise Exception(f"Unavailable: instance_id={instance_id} not found")  # what Dynamo raises
         await asyncio.sleep(self.delay_s.get(call["number"], 0.0))
-        handler = peer_handler(self.receiver.sessions, self.receiver.applied.append)
+        assert call["origin"] == ORIGIN
+        handler = peer_handler(lambda origin: self.receiver.sessions, self.receiver.applied.append)
 
         async def answers():
             async for answer in handler(call, None):
@@ -81,7 +83,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 def link_to(client: FakeDynamoClient, loop: asyncio.AbstractEventLoop, down: list[str], *,
             secret: str = SECRET) -> PeerLink:
     return PeerLink("a", "b", "tokenrouter.b.peer",
-                    direct_opener(client, loop, lambda: next(iter(client.instance_ids()), None)),
+                    direct_opener(client, loop, lambda: next(iter(client.instance_ids()), None), ORIGIN),
                     secret=secret, view=VIEW, down_after_s=1.0, on_up=lambda peer: None,
                     on_down=lambda peer, error: down.append(error), on_failure=lambda rid, error: None)
 
@@ -163,7 +165,7 @@ def test_no_instance_registered_keeps_the_link_down_with_the_reason(loop):
                                   {"number": 1, "payload": "not json", "parameters": {}}])
 def test_a_malformed_call_is_answered_with_an_error_and_applies_nothing(call):
     receiver = Receiver()
-    answer = answer_call(receiver.sessions, receiver.applied.append, call)
+    answer = answer_call(lambda origin: receiver.sessions, receiver.applied.append, call)
     assert answer["error"] and receiver.applied == []
 
 
@@ -172,8 +174,45 @@ def test_a_batch_with_a_bad_payload_is_refused_after_a_good_hello():
     hello = {"number": 0, "payload": "[]",
              "parameters": {"tokenrouter_pair_secret": SECRET, LINK_PARAMETER: "a/e1/0",
                             "tokenrouter_link_hello": '{"models": ["a", "b"]}'}}
-    assert answer_call(receiver.sessions, receiver.applied.append, hello) == {"number": 0}
+    assert answer_call(lambda origin: receiver.sessions, receiver.applied.append, hello) == {"number": 0}
     bad = {"number": 1, "payload": "{not a list", "parameters": {"tokenrouter_pair_secret": SECRET,
                                                                   LINK_PARAMETER: "a/e1/1"}}
-    answer = answer_call(receiver.sessions, receiver.applied.append, bad)
+    answer = answer_call(lambda origin: receiver.sessions, receiver.applied.append, bad)
     assert answer["number"] == 1 and answer["error"] and receiver.applied == []
+
+
+def hello_from(origin: Any, epoch: str) -> dict[str, Any]:
+    return {"number": 0, "payload": "[]", "origin": origin,
+            "parameters": {"tokenrouter_pair_secret": SECRET, LINK_PARAMETER: f"a/{epoch}/0",
+                           "tokenrouter_link_hello": '{"models": ["a", "b"]}'}}
+
+
+def batch_from(origin: int, epoch: str, number: int, rid: str) -> dict[str, Any]:
+    payload = f"[{PeerMessage(kind='progress', rid=rid, sender='a').to_json()}]"
+    return {"number": number, "payload": payload, "origin": origin,
+            "parameters": {"tokenrouter_pair_secret": SECRET, LINK_PARAMETER: f"a/{epoch}/{number}"}}
+
+
+def test_each_sending_instance_has_its_own_session_and_only_its_replacement_is_reported():
+    """Two instances of model 'a' talk to one receiver (the entry hearing a pool): each numbers its
+    own batches from 1, and a new session of one reports that one's loss only."""
+    lost: list[tuple[int, str]] = []
+    applied: list[PeerMessage] = []
+    sessions = OriginSessions(lambda origin: PeerSessions(
+        SECRET, VIEW, ["a"], here="b", on_session_lost=lambda sender, why: lost.append((origin, sender))))
+    for origin in (1, 2):
+        assert answer_call(sessions, applied.append, hello_from(origin, f"e{origin}")) == {"number": 0}
+    assert answer_call(sessions, applied.append, batch_from(1, "e1", 1, "r1")) == {"number": 1}
+    assert answer_call(sessions, applied.append, batch_from(2, "e2", 1, "r2")) == {"number": 1}
+    assert [m.rid for m in applied] == ["r1", "r2"]  # (one shared session would take r2 as a duplicate)
+    answer_call(sessions, applied.append, hello_from(2, "e2-new"))
+    assert lost == [(2, "a")]
+
+
+@pytest.mark.parametrize("origin", [None, "1", True])
+def test_a_call_without_its_origin_is_refused_where_origins_are_told_apart(origin):
+    applied: list[PeerMessage] = []
+    sessions = OriginSessions(lambda origin: PeerSessions(SECRET, VIEW, ["a"], here="b",
+                                                          on_session_lost=lambda sender, why: None))
+    answer = answer_call(sessions, applied.append, hello_from(origin, "e1"))
+    assert "origin" in answer["error"] and applied == []

@@ -3,7 +3,8 @@
 The session protocol (sending_session.py: numbered batches, answered, sent again after a new stream,
 heartbeat, give-up) needs a channel that delivers call ``number`` and reports the answer. Here each
 call is one ``client.direct(call, instance_id)`` to the peer worker's peer endpoint, carrying
-``{"number", "payload" (the JSON batch as text), "parameters"}``; the peer answers once with
+``{"number", "payload" (the JSON batch as text), "parameters", "origin" (the sending worker's instance
+id: an entry keeps one receiving session per instance of a pool)}``; the peer answers once with
 ``{"number"}`` or ``{"number", "error"}``. Calls go out as they come, each its own Dynamo request (so
 they may arrive out of order); peer_sessions.py at the receiving end applies each once, in order.
 
@@ -33,15 +34,15 @@ class DynamoChannel:
     any thread (the link's); the calls run on ``loop``, Dynamo's event loop in this process."""
 
     def __init__(self, client: Any, instance_id: int, loop: asyncio.AbstractEventLoop, on_answer: OnAnswer,
-                 on_broken: Callable[[str], None]) -> None:
-        self._client, self.instance_id, self._loop = client, instance_id, loop
+                 on_broken: Callable[[str], None], origin: int) -> None:
+        self._client, self.instance_id, self._loop, self._origin = client, instance_id, loop, origin
         self._on_answer, self._on_broken = on_answer, on_broken
         self._closed = False
 
     def send(self, number: int, payload: bytes, parameters: dict[str, str]) -> None:
         if self._closed:
             return
-        call = {"number": number, "payload": payload.decode(), "parameters": parameters}
+        call = {"number": number, "payload": payload.decode(), "parameters": parameters, "origin": self._origin}
         asyncio.run_coroutine_threadsafe(self._call(call), self._loop)
 
     def close(self) -> None:
@@ -64,26 +65,48 @@ class DynamoChannel:
             self._on_broken(reason)
 
 
-def direct_opener(client: Any, loop: asyncio.AbstractEventLoop, instance: Callable[[], int | None]) -> OpenChannel:
-    """Opens DynamoChannels to ``instance()`` (the peer's instance id now; None: none registered)."""
+def direct_opener(client: Any, loop: asyncio.AbstractEventLoop, instance: Callable[[], int | None],
+                  origin: int) -> OpenChannel:
+    """Opens DynamoChannels to ``instance()`` (the peer's instance id now; None: none registered), from
+    this worker's instance ``origin``."""
 
     def open_channel(on_answer: OnAnswer, on_broken: Callable[[str], None]) -> Channel:
         target = instance()
         if target is None:
             raise ConnectionError("no instance of the peer is registered")
-        return DynamoChannel(client, target, loop, on_answer, on_broken)
+        return DynamoChannel(client, target, loop, on_answer, on_broken, origin)
 
     return open_channel
 
 
-def answer_call(sessions: PeerSessions, deliver: Callable[[PeerMessage], None], call: Any) -> dict[str, Any]:
+SessionsFor = Callable[[Any], PeerSessions]  # the receiving sessions of a call's origin
+
+
+class OriginSessions:
+    """The receiving end of a worker that hears several instances of one model (the entry, from a
+    pool): one ``PeerSessions`` per sending instance, made by ``make(origin)`` on its first call, so
+    each instance's session (its numbering, its replacement) is its own."""
+
+    def __init__(self, make: Callable[[int], PeerSessions]) -> None:
+        self._make = make
+        self._by_origin: dict[int, PeerSessions] = {}
+
+    def __call__(self, origin: Any) -> PeerSessions:
+        if not isinstance(origin, int) or isinstance(origin, bool):
+            raise LinkRefused("a link call here must carry its 'origin' (the sending instance's id)")
+        if origin not in self._by_origin:
+            self._by_origin[origin] = self._make(origin)
+        return self._by_origin[origin]
+
+
+def answer_call(sessions: SessionsFor, deliver: Callable[[PeerMessage], None], call: Any) -> dict[str, Any]:
     """The receiving end of one call: its messages applied (once, in order) and the answer to send back."""
     number = call.get("number") if isinstance(call, dict) else None
     try:
         if not isinstance(call, dict) or not isinstance(call.get("parameters"), dict) \
                 or not isinstance(call.get("payload"), str):
             raise LinkRefused("a link call must be an object with 'number', 'payload' (text) and 'parameters'")
-        for message in sessions.take(call["parameters"], lambda: decode_batch(call["payload"])):
+        for message in sessions(call.get("origin")).take(call["parameters"], lambda: decode_batch(call["payload"])):
             deliver(message)
     except (LinkRefused, ValueError, TypeError, KeyError) as exc:  # a bad payload costs this call only
         log.warning("a link call refused: %s", exc)
@@ -91,7 +114,7 @@ def answer_call(sessions: PeerSessions, deliver: Callable[[PeerMessage], None], 
     return {"number": number}
 
 
-def peer_handler(sessions: PeerSessions,
+def peer_handler(sessions: SessionsFor,
                  deliver: Callable[[PeerMessage], None]) -> Callable[..., AsyncIterator[dict[str, Any]]]:
     """The handler of a worker's peer endpoint (``endpoint.serve_endpoint``)."""
 

@@ -32,6 +32,7 @@ from ..config import load_config
 from ..request_builder import RequestError, build_spec
 from ..runtime.admission import ServerBusy
 from ..runtime.emission import large_model_share
+from ..runtime.subserver import Subserver
 from .pool_member import PoolMember
 from .requests import map_request
 
@@ -140,7 +141,7 @@ class EntryEngine(LLMEngine):
         self._count += 1
         rid = f"entry-{self._start}-{self._count}"
         try:
-            subserver.submit(rid, mapped.prompt, self._spec(len(mapped.prompt), mapped.keywords), output)
+            subserver.submit(rid, mapped.prompt, self._spec(subserver, len(mapped.prompt), mapped.keywords), output)
         except RequestError as exc:
             raise InvalidArgument(str(exc)) from None
         except ServerBusy as exc:
@@ -177,9 +178,10 @@ class EntryEngine(LLMEngine):
             if output.finish_reason is None:  # a consumer that stops reading ends the request on every model
                 subserver.cancel(rid)
 
-    def _spec(self, prompt_len: int, keywords: dict[str, Any]) -> Any:
+    @staticmethod
+    def _spec(subserver: Subserver, prompt_len: int, keywords: dict[str, Any]) -> Any:
         sent = {key: keywords[key] for key in SPEC_KEYWORDS if key in keywords}
-        eos = [] if keywords.get("ignore_eos") else sorted(self.member.subserver.engine.eos_token_ids)
+        eos = [] if keywords.get("ignore_eos") else sorted(subserver.engine.eos_token_ids)
         end_ids = eos + [t for t in keywords.get("stop_token_ids", []) if t not in eos]
         return build_spec(prompt_len, sent, end_ids=end_ids)
 
