@@ -1,9 +1,11 @@
-"""The pair split over two Dynamo workers, end to end: `tokenrouter fleet --tiny --pools 1+1` on
-loopback (the entry worker: small model and policy, served; the peer worker: large model), called
-through Dynamo's OpenAI frontend. Each worker's own numbers (KV blocks in use, requests held, tokens
-it computed) come from its stats endpoint, read here with a Dynamo client of the test's own.
+"""The pair split over Dynamo workers, end to end: `tokenrouter fleet --tiny --pools 1+2` on loopback
+(the entry worker: small model and policy, served; two peer workers of the large model, each request
+pinned to one), called through Dynamo's OpenAI frontend. Each worker's own numbers (KV blocks in use,
+requests held, tokens it computed, the entry's pins) come from its stats endpoint, read here with a
+Dynamo client of the test's own.
 
-One deployment for the whole file; the last test kills the peer worker, so the file runs in order."""
+One deployment for the whole file; the last tests kill a peer worker and stop the deployment, so the
+file runs in order."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import httpx
 import openai
 import pytest
 
-from helpers.launcher import children
+from helpers.launcher import children, stop
 from tokenrouter import TokenRouter
 from tokenrouter.fleet.launcher import fleet_environment, tiny_config
 from tokenrouter.launch.free_ports import free_port
@@ -57,18 +59,28 @@ class WorkerStats:
     def _run(self, coroutine: Any, timeout: float = 30) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
-    def of(self, model: str) -> dict[str, Any]:
-        async def ask() -> dict[str, Any]:
-            client = self._clients[model]
-            stream = await client.direct({}, client.instance_ids()[0])
+    def of(self, model: str) -> list[dict[str, Any]]:
+        """Each registered instance's stats, in instance order."""
+        async def ask(instance: int) -> dict[str, Any]:
+            stream = await self._clients[model].direct({}, instance)
             async for answer in stream:
                 return answer.data()
-            raise AssertionError(f"no stats from {model}")
+            raise AssertionError(f"no stats from {model} instance {instance}")
 
-        return self._run(ask())
+        return [self._run(ask(instance)) for instance in self.ids(model)]
 
-    def all(self) -> dict[str, dict[str, Any]]:
-        return {model: self.of(model) for model in MODELS}
+    def ids(self, model: str) -> list[int]:
+        return sorted(self._clients[model].instance_ids())
+
+    def pid(self, model: str, instance: int) -> int:
+        """The process of one instance (its stats say)."""
+        return self.of(model)[self.ids(model).index(instance)]["pid"]
+
+    def all(self) -> list[dict[str, Any]]:
+        return [stats for model in MODELS for stats in self.of(model)]
+
+    def tokens(self, model: str) -> list[int]:
+        return [stats["tokens_committed"] for stats in self.of(model)]
 
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._runtime.shutdown)
@@ -101,16 +113,26 @@ class Pools:
             time.sleep(0.5)
         raise TimeoutError(f"the pools were not ready in {timeout} s; logs in {self.run_dir}")
 
-    def worker_pid(self, module: str) -> int:
-        return next(pid for pid in children(self.process.pid)
-                    if f"tokenrouter.fleet.{module}" in Path(f"/proc/{pid}/cmdline").read_text())
+    def wait_linked(self, peers: int, timeout: float = 60.0) -> None:
+        """The entry registers once one instance per peer model is linked: wait for all of them."""
+        deadline = time.monotonic() + timeout
+        while len(self.stats.of("slm")[0]["linked"]["llm"]) < peers:
+            assert time.monotonic() < deadline, f"the entry did not link {peers} peer instances; logs in {self.run_dir}"
+            time.sleep(0.2)
 
-    def idle(self, timeout: float = 3.0) -> dict[str, dict[str, Any]]:
+    def worker_pids(self, module: str) -> list[int]:
+        return [pid for pid in children(self.process.pid)
+                if f"tokenrouter.fleet.{module}" in Path(f"/proc/{pid}/cmdline").read_text()]
+
+    def worker_pid(self, module: str) -> int:
+        return self.worker_pids(module)[0]
+
+    def idle(self, timeout: float = 3.0) -> list[dict[str, Any]]:
         """Both workers' stats once neither holds a request or a KV block (or at the timeout)."""
         deadline = time.monotonic() + timeout
         while True:
             stats = self.stats.all()
-            if all(s["kv_blocks_used"] == 0 and s["requests_held"] == 0 for s in stats.values()) \
+            if all(s["kv_blocks_used"] == 0 and s["requests_held"] == 0 for s in stats) \
                     or time.monotonic() > deadline:
                 return stats
             time.sleep(0.05)
@@ -120,25 +142,20 @@ class Pools:
 def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
     run_dir = tmp_path_factory.mktemp("pools")
     http_port = free_port()
-    command = [sys.executable, "-m", "tokenrouter.launch.cli", "fleet", "--tiny", "--pools", "1+1",
+    command = [sys.executable, "-m", "tokenrouter.launch.cli", "fleet", "--tiny", "--pools", "1+2",
                "--http-port", str(http_port), "--run-dir", str(run_dir), "--drain-timeout", "20"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(run_dir / "launcher.log", "wb"))
     pools = Pools(process, http_port, run_dir)
     try:
         pools.wait_ready()
         pools.stats = WorkerStats(run_dir)
+        pools.wait_linked(2)
         yield pools
     finally:
         if pools.stats is not None:
             pools.stats.close()
         if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                for pid in children(process.pid):
-                    os.kill(pid, signal.SIGKILL)
-                process.kill()
+            stop(process)
 
 
 @pytest.fixture(scope="module")
@@ -156,21 +173,30 @@ def completion(pools: Pools, prompt: list[int], max_tokens: int) -> tuple[list[i
     return tokens, response.model_extra["nvext"]["engine_data"]["response_models"], response
 
 
-def test_greedy_tokens_equal_the_embedded_api_and_the_large_model_ran_in_its_own_worker(pools, reference):
-    before = pools.stats.of("llm")
+def test_each_peer_instance_is_linked_under_the_id_it_reports(pools):
+    """The entry pins requests by the instance ids its client sees; a worker names itself (as the
+    origin of its calls) by its connection id: the two must be the same number."""
+    ids = pools.stats.ids("llm")
+    assert len(ids) == 2 and [stats["instance"] for stats in pools.stats.of("llm")] == ids
+    assert pools.stats.of("slm")[0]["linked"]["llm"] == [str(i) for i in ids]
+
+
+def test_greedy_tokens_equal_the_embedded_api_and_the_large_model_ran_in_a_peer_worker(pools, reference):
+    before = pools.stats.tokens("llm")
     tokens, models, response = completion(pools, PROMPT_IDS, 24)
     expected = reference.generate([PROMPT_IDS], max_tokens=24, ignore_eos=True)[0]
     assert tokens == expected.token_ids
     assert models == expected.models
     assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == 24
-    after = pools.stats.of("llm")
-    # The handoffs crossed workers: the peer worker computed exactly the tokens credited to the large model.
+    grew = [b - a for a, b in zip(before, pools.stats.tokens("llm"))]
+    # The handoffs crossed workers, all to one instance (the request was pinned there): it computed
+    # exactly the tokens credited to the large model.
     assert models.count("llm") > 0
-    assert after["tokens_committed"] - before["tokens_committed"] == models.count("llm")
-    assert after["handoffs_in"] > before["handoffs_in"]
+    assert sorted(grew) == [0, models.count("llm")], grew
 
 
-def test_concurrent_requests_each_equal_the_embedded_api(pools, reference):
+def test_concurrent_requests_each_equal_the_embedded_api_and_spread_over_the_pool(pools, reference):
+    before = pools.stats.tokens("llm")
     prompts = [PROMPT_IDS, [5, 6, 7, 8], [1000, 2000, 30, 40, 50, 60], [77] * 9]
     results: dict[int, tuple[list[int], list[str]]] = {}
 
@@ -186,12 +212,16 @@ def test_concurrent_requests_each_equal_the_embedded_api(pools, reference):
     expected = reference.generate(prompts, max_tokens=20, ignore_eos=True)
     for i, result in enumerate(expected):
         assert results[i] == (result.token_ids, result.models), i
+    grew = [b - a for a, b in zip(before, pools.stats.tokens("llm"))]
+    assert all(g > 0 for g in grew), grew  # placement used both instances
+    assert sum(grew) == sum(models.count("llm") for _, models in results.values())
 
 
 def test_kv_is_back_to_zero_on_both_workers_after_finish(pools):
     completion(pools, PROMPT_IDS, 30)
     stats = pools.idle()
-    assert all(s["kv_blocks_used"] == 0 and s["requests_held"] == 0 for s in stats.values()), stats
+    assert all(s["kv_blocks_used"] == 0 and s["requests_held"] == 0 for s in stats), stats
+    assert all(count == 0 for count in stats[0]["pinned"]["llm"].values()), stats[0]
 
 
 def test_a_disconnect_frees_kv_on_both_workers(pools):
@@ -201,10 +231,10 @@ def test_a_disconnect_frees_kv_on_both_workers(pools):
             lines = response.iter_lines()
             for _ in range(40):  # enough tokens for the random policy (rate 0.3) to have used both models
                 next(lines)
-            during = pools.stats.all()
-    assert during["slm"]["kv_blocks_used"] > 0 and during["llm"]["kv_blocks_used"] > 0, during
+            entry, peers = pools.stats.of("slm")[0], pools.stats.of("llm")
+    assert entry["kv_blocks_used"] > 0 and sorted(p["kv_blocks_used"] > 0 for p in peers) == [False, True], peers
     stats = pools.idle(timeout=2.0)
-    assert all(s["kv_blocks_used"] == 0 and s["requests_held"] == 0 for s in stats.values()), stats
+    assert all(s["kv_blocks_used"] == 0 and s["requests_held"] == 0 for s in stats), stats
 
 
 def test_bad_input_gets_an_openai_error_naming_the_field(pools):
@@ -214,8 +244,32 @@ def test_bad_input_gets_an_openai_error_naming_the_field(pools):
     assert pools.client.completions.create(model="tokenrouter", prompt=PROMPT_IDS, max_tokens=2).choices
 
 
+def test_a_killed_peer_worker_ends_its_pinned_requests_and_the_pool_serves_on(pools, reference):
+    """Continuing on another instance is not built: the pinned request ends with an error; a new
+    request goes to the instance left, with the oracle's tokens, and the entry holds nothing after."""
+    body = {"model": "tokenrouter", "prompt": PROMPT_IDS, "max_tokens": 900, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{pools.url}/completions", json=body) as response:
+            lines = response.iter_lines()
+            for _ in range(40):
+                next(lines)
+            pinned = pools.stats.of("slm")[0]["pinned"]["llm"]
+            victim = next(int(instance) for instance, count in pinned.items() if count == 1)
+            os.kill(pools.stats.pid("llm", victim), signal.SIGKILL)
+            rest = "".join(lines)
+    assert "error" in rest and '"finish_reason":"length"' not in rest.replace(" ", ""), rest[-500:]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and pools.stats.of("slm")[0]["requests_held"]:
+        time.sleep(0.1)
+    entry = pools.stats.of("slm")[0]
+    assert entry["requests_held"] == 0 and entry["kv_blocks_used"] == 0, entry
+    tokens, models, _ = completion(pools, PROMPT_IDS, 24)
+    expected = reference.generate([PROMPT_IDS], max_tokens=24, ignore_eos=True)[0]
+    assert (tokens, models) == (expected.token_ids, expected.models)
+
+
 def test_sigterm_stops_every_worker(pools):
-    workers = [pools.worker_pid("entry_engine"), pools.worker_pid("peer_worker")]
+    workers = [pools.worker_pid("entry_engine"), *pools.worker_pids("peer_worker")]
     pools.stats.close()
     pools.stats = None
     pools.process.send_signal(signal.SIGTERM)

@@ -1,11 +1,11 @@
 """``tokenrouter fleet``: NVIDIA Dynamo's frontend and N replicas of the pair (each a Dynamo worker).
 
     tokenrouter fleet --tiny --replicas 2 --migration-limit 2    # one machine, loopback only
-    tokenrouter fleet --tiny --pools 1+1                          # the pair split: entry worker + peer worker
+    tokenrouter fleet --tiny --pools 1+2                          # the pair split: entry worker + 2 peer workers
 
-With ``--pools 1+1`` the pair is split over two workers (entry_engine.py: the small model and the
-policy, served; peer_worker.py: the large model, reached by worker-to-worker calls); several instances
-in a pool are not served yet.
+With ``--pools 1+K`` the pair is split over workers (entry_engine.py: the small model and the policy,
+served; K peer_worker.py per other model, reached by worker-to-worker calls, each request pinned to
+one of them); several entry workers are not served yet.
 
 On one machine discovery goes through a folder and every socket is pinned to 127.0.0.1 (no etcd,
 no NATS). Across hosts, ``--discovery etcd`` with ``ETCD_ENDPOINTS`` and ``NATS_SERVER`` set: one
@@ -45,7 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=1, help="workers on this machine, each a whole pair")
     parser.add_argument("--pools", metavar="M+K",
                         help="split the pair: M entry (small-model) workers and K peer (large-model) workers "
-                             "instead of whole-pair replicas; only 1+1 is served for now")
+                             "instead of whole-pair replicas; M is 1 for now")
     parser.add_argument("--router-mode", choices=ROUTER_MODES, default="round-robin",
                         help="how the frontend picks a replica (default round-robin)")
     parser.add_argument("--migration-limit", type=int, default=2,
@@ -106,30 +106,32 @@ def worker_command(config: Path, served_model_name: str) -> list[str]:
 
 
 def parse_pools(text: str) -> tuple[int, int]:
-    """``M+K`` as (M, K); only what is served (1+1) is taken."""
+    """``M+K`` as (M, K); only what is served (one entry worker) is taken."""
     parts = text.split("+")
     if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
-        raise SystemExit(f"--pools {text}: give M+K (entry workers + peer workers), e.g. 1+1")
+        raise SystemExit(f"--pools {text}: give M+K (entry workers + peer workers per other model), e.g. 1+2")
     entries, peers = (int(part) for part in parts)
-    if (entries, peers) != (1, 1):
-        raise SystemExit(f"--pools {text}: only 1+1 is served for now (one entry worker, one peer worker); "
-                         "several instances per pool are not built yet")
+    if entries != 1 or peers < 1:
+        raise SystemExit(f"--pools {text}: one entry worker and at least one peer worker (1+K) for now; "
+                         "several entry workers are not built yet")
     return entries, peers
 
 
-def pool_workers(config: Path, served_model_name: str, run_dir: Path, status_port: int) -> list["Process"]:
-    """The split pair's workers: the entry (served to the frontend), then one per other model."""
+def pool_workers(config: Path, served_model_name: str, run_dir: Path, status_port: int,
+                 peers: int) -> list["Process"]:
+    """The split pair's workers: the entry (served to the frontend), then ``peers`` per other model."""
     from ..config import load_config
 
     models = load_config(config)
     entry = [sys.executable, "-m", "tokenrouter.fleet.entry_engine", "--config", str(config),
              "--served-model-name", served_model_name, "--namespace", "tokenrouter"]
     workers = [Process("entry worker", entry, run_dir / "entry.log", env=worker_environment(0, status_port, 0))]
-    for index, model in enumerate((m for m in models.model_names if m != models.entry), start=1):
+    for model in (m for m in models.model_names if m != models.entry):
         command = [sys.executable, "-m", "tokenrouter.fleet.peer_worker", "--config", str(config), "--model", model,
                    "--namespace", "tokenrouter"]
-        workers.append(Process(f"peer worker {model}", command, run_dir / f"peer-{model}.log",
-                               env=worker_environment(index, status_port, 0)))
+        for k in range(peers):
+            workers.append(Process(f"peer worker {model} {k}", command, run_dir / f"peer-{model}-{k}.log",
+                                   env=worker_environment(len(workers), status_port, 0)))
     return workers
 
 
@@ -223,9 +225,6 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("--pools splits one pair over workers: it takes no --replicas or --gpus-per-replica")
     if args.replicas < 1 and not args.no_workers:
         raise SystemExit("--replicas must be >= 1")
-    if args.worker_status_port + args.replicas - 1 > MAX_STATUS_PORT:
-        raise SystemExit(f"--worker-status-port: Dynamo 1.6.1 reads DYN_SYSTEM_PORT as a signed 16-bit number; "
-                         f"the last worker's port must be <= {MAX_STATUS_PORT}")
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="tokenrouter-fleet-")).resolve()
     (run_dir / "home").mkdir(parents=True, exist_ok=True)
     env = fleet_environment(args.discovery, run_dir)
@@ -234,11 +233,15 @@ def run(args: argparse.Namespace) -> int:
         workers = []
     elif args.pools:
         provide_pair_secret(env, run_dir)
-        workers = pool_workers(config, args.served_model_name, run_dir, args.worker_status_port)
+        workers = pool_workers(config, args.served_model_name, run_dir, args.worker_status_port,
+                               parse_pools(args.pools)[1])
     else:
         workers = [Process(f"worker {i}", worker_command(config, args.served_model_name), run_dir / f"worker-{i}.log",
                            env=worker_environment(i, args.worker_status_port, args.gpus_per_replica))
                    for i in range(args.replicas)]
+    if args.worker_status_port + len(workers) - 1 > MAX_STATUS_PORT:
+        raise SystemExit(f"--worker-status-port: Dynamo 1.6.1 reads DYN_SYSTEM_PORT as a signed 16-bit number; "
+                         f"the last worker's port must be <= {MAX_STATUS_PORT}")
     frontend = None if args.no_frontend else Process("frontend", frontend_command(args), run_dir / "frontend.log")
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
