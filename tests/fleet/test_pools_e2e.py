@@ -59,15 +59,15 @@ class WorkerStats:
     def _run(self, coroutine: Any, timeout: float = 30) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
-    def of(self, model: str) -> list[dict[str, Any]]:
-        """Each registered instance's stats, in instance order."""
+    def of(self, model: str, instances: list[int] | None = None) -> list[dict[str, Any]]:
+        """The stats of ``instances`` (default: every registered one, in instance order)."""
         async def ask(instance: int) -> dict[str, Any]:
             stream = await self._clients[model].direct({}, instance)
             async for answer in stream:
                 return answer.data()
             raise AssertionError(f"no stats from {model} instance {instance}")
 
-        return [self._run(ask(instance)) for instance in self.ids(model)]
+        return [self._run(ask(instance)) for instance in (self.ids(model) if instances is None else instances)]
 
     def ids(self, model: str) -> list[int]:
         return sorted(self._clients[model].instance_ids())
@@ -79,8 +79,8 @@ class WorkerStats:
     def all(self) -> list[dict[str, Any]]:
         return [stats for model in MODELS for stats in self.of(model)]
 
-    def tokens(self, model: str) -> list[int]:
-        return [stats["tokens_committed"] for stats in self.of(model)]
+    def tokens(self, model: str, instances: list[int] | None = None) -> list[int]:
+        return [stats["tokens_committed"] for stats in self.of(model, instances)]
 
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._runtime.shutdown)
@@ -195,8 +195,11 @@ def test_greedy_tokens_equal_the_embedded_api_and_the_large_model_ran_in_a_peer_
     assert sorted(grew) == [0, models.count("llm")], grew
 
 
-def test_concurrent_requests_each_equal_the_embedded_api_and_spread_over_the_pool(pools, reference):
-    before = pools.stats.tokens("llm")
+def concurrent_completions_equal_the_embedded_api(pools: Pools, reference: TokenRouter,
+                                                  instances: list[int] | None = None) -> list[int]:
+    """Four requests at once, each checked against the oracle; the large-model tokens each instance
+    computed meanwhile (all of them credited to the large model in the responses)."""
+    before = pools.stats.tokens("llm", instances)
     prompts = [PROMPT_IDS, [5, 6, 7, 8], [1000, 2000, 30, 40, 50, 60], [77] * 9]
     results: dict[int, tuple[list[int], list[str]]] = {}
 
@@ -212,9 +215,14 @@ def test_concurrent_requests_each_equal_the_embedded_api_and_spread_over_the_poo
     expected = reference.generate(prompts, max_tokens=20, ignore_eos=True)
     for i, result in enumerate(expected):
         assert results[i] == (result.token_ids, result.models), i
-    grew = [b - a for a, b in zip(before, pools.stats.tokens("llm"))]
-    assert all(g > 0 for g in grew), grew  # placement used both instances
+    grew = [b - a for a, b in zip(before, pools.stats.tokens("llm", instances))]
     assert sum(grew) == sum(models.count("llm") for _, models in results.values())
+    return grew
+
+
+def test_concurrent_requests_each_equal_the_embedded_api_and_spread_over_the_pool(pools, reference):
+    grew = concurrent_completions_equal_the_embedded_api(pools, reference)
+    assert all(g > 0 for g in grew), grew  # placement used both instances
 
 
 def test_kv_is_back_to_zero_on_both_workers_after_finish(pools):
@@ -266,6 +274,18 @@ def test_a_killed_peer_worker_ends_its_pinned_requests_and_the_pool_serves_on(po
     tokens, models, _ = completion(pools, PROMPT_IDS, 24)
     expected = reference.generate([PROMPT_IDS], max_tokens=24, ignore_eos=True)[0]
     assert (tokens, models) == (expected.token_ids, expected.models)
+
+
+def test_the_restarted_peer_worker_is_linked_and_takes_new_requests(pools, reference):
+    """The launcher starts the killed worker again; the entry links the new instance by itself and
+    places new requests on it as on the one left. (The killed one stays in file discovery: only the
+    linked instances are asked for their stats.)"""
+    deadline = time.monotonic() + 120
+    while len(linked := pools.stats.of("slm")[0]["linked"]["llm"]) < 2:
+        assert time.monotonic() < deadline, f"the restarted peer worker was not linked; logs in {pools.run_dir}"
+        time.sleep(0.5)
+    grew = concurrent_completions_equal_the_embedded_api(pools, reference, [int(i) for i in linked])
+    assert all(g > 0 for g in grew), grew
 
 
 def test_sigterm_stops_every_worker(pools):
