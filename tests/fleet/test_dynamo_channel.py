@@ -154,8 +154,8 @@ def test_no_instance_registered_keeps_the_link_down_with_the_reason(loop):
     client.instances = []
     link = link_to(client, loop, [])
     try:
-        time.sleep(0.2)
-        assert link.state != UP and "no instance of the peer is registered" in (link.problem or "")
+        wait_for(lambda: "no instance of the peer is registered" in (link.problem or ""))
+        assert link.state != UP
     finally:
         link.close()
 
