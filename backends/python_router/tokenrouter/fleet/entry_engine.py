@@ -18,7 +18,6 @@ import os
 import secrets
 from collections import Counter
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,43 +34,25 @@ from ..runtime.emission import large_model_share
 from ..runtime.subserver import Subserver
 from .pool_member import PoolMember
 from .requests import map_request
+from .streamed_output import StreamedOutput
 
 log = logging.getLogger(__name__)
 SPEC_KEYWORDS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty",
                  "presence_penalty", "frequency_penalty", "return_log_probs")
 
 
-@dataclass
-class _Output:
-    """A ClientSink fed by the subserver's loop thread; the request's generator reads it on Dynamo's loop."""
+class _Output(StreamedOutput):
+    """A ClientSink fed by the subserver's loop thread; what it gets is added on Dynamo's loop, where the
+    request's generator reads it."""
 
-    loop: asyncio.AbstractEventLoop
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    tokens: list[int] = field(default_factory=list)
-    origins: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = None
-    finish_reason: str | None = None
-    error: str | None = None
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.loop = loop
 
     def on_output(self, tokens: list[int], origins: list[int], finish_reason: str | None = None,
                   error: str | None = None, logprobs: list[float] | None = None) -> None:
-        self.loop.call_soon_threadsafe(self._take, list(tokens), list(origins), finish_reason, error,
-                                       None if logprobs is None else list(logprobs))
-
-    def _take(self, tokens: list[int], origins: list[int], finish_reason: str | None, error: str | None,
-              logprobs: list[float] | None) -> None:
-        self.tokens += tokens
-        self.origins += origins
-        if logprobs is not None:
-            self.logprobs = (self.logprobs or []) + logprobs
-        if finish_reason is not None:
-            self.finish_reason, self.error = finish_reason, error
-        self.changed.set()
-
-    def take(self) -> tuple[list[int], list[int], list[float] | None]:
-        taken = self.tokens, self.origins, self.logprobs
-        self.tokens, self.origins, self.logprobs = [], [], None if self.logprobs is None else []
-        return taken
+        self.loop.call_soon_threadsafe(self.add, list(tokens), list(origins),
+                                       None if logprobs is None else list(logprobs), finish_reason, error)
 
 
 class EntryEngine(LLMEngine):
