@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from helpers.launcher import children, stop
+from helpers.streams import streaming
 from tokenrouter import TokenRouter
 from tokenrouter.fleet.launcher import fleet_environment, tiny_config
 from tokenrouter.launch.free_ports import free_port
@@ -233,13 +233,8 @@ def test_kv_is_back_to_zero_on_both_workers_after_finish(pools):
 
 
 def test_a_disconnect_frees_kv_on_both_workers(pools):
-    body = {"model": "tokenrouter", "prompt": PROMPT_IDS, "max_tokens": 900, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{pools.url}/completions", json=body) as response:
-            lines = response.iter_lines()
-            for _ in range(40):  # enough tokens for the random policy (rate 0.3) to have used both models
-                next(lines)
-            entry, peers = pools.stats.of("slm")[0], pools.stats.of("llm")
+    with streaming(pools.url, PROMPT_IDS, 900):  # 20 tokens: the random policy (rate 0.3) used both models
+        entry, peers = pools.stats.of("slm")[0], pools.stats.of("llm")
     assert entry["kv_blocks_used"] > 0 and sorted(p["kv_blocks_used"] > 0 for p in peers) == [False, True], peers
     stats = pools.idle(timeout=2.0)
     assert all(s["kv_blocks_used"] == 0 and s["requests_held"] == 0 for s in stats), stats
@@ -255,16 +250,11 @@ def test_bad_input_gets_an_openai_error_naming_the_field(pools):
 def test_a_killed_peer_worker_ends_its_pinned_requests_and_the_pool_serves_on(pools, reference):
     """Continuing on another instance is not built: the pinned request ends with an error; a new
     request goes to the instance left, with the oracle's tokens, and the entry holds nothing after."""
-    body = {"model": "tokenrouter", "prompt": PROMPT_IDS, "max_tokens": 900, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{pools.url}/completions", json=body) as response:
-            lines = response.iter_lines()
-            for _ in range(40):
-                next(lines)
-            pinned = pools.stats.of("slm")[0]["pinned"]["llm"]
-            victim = next(int(instance) for instance, count in pinned.items() if count == 1)
-            os.kill(pools.stats.pid("llm", victim), signal.SIGKILL)
-            rest = "".join(lines)
+    with streaming(pools.url, PROMPT_IDS, 900) as lines:
+        pinned = pools.stats.of("slm")[0]["pinned"]["llm"]
+        victim = next(int(instance) for instance, count in pinned.items() if count == 1)
+        os.kill(pools.stats.pid("llm", victim), signal.SIGKILL)
+        rest = "".join(lines)
     assert "error" in rest and '"finish_reason":"length"' not in rest.replace(" ", ""), rest[-500:]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and pools.stats.of("slm")[0]["requests_held"]:
