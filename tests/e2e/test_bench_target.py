@@ -11,7 +11,7 @@ from tokenrouter_tools.bench import prometheus
 from tokenrouter_tools.bench.loadgen import run_closed_loop
 from tokenrouter_tools.bench.records import summarize
 from tokenrouter_tools.bench.runner import Timing
-from tokenrouter_tools.bench.served import PEER_HISTOGRAM, markdown, run_served
+from tokenrouter_tools.bench.served import PEER_HISTOGRAM, markdown, run_served, two_servers
 from tokenrouter_tools.bench.triton_target import TritonTarget
 from tokenrouter_tools.bench.workloads import TextPrompts, Workload
 from tokenrouter.launch.serve import TINY_CONFIG
@@ -38,19 +38,26 @@ def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(ro
     assert peer["slm"]["count"] > 0 and peer["slm"]["mean_s"] > 0
 
 
-@pytest.mark.timeout(900)  # five server starts: 20-60 s each here, minutes under load
-def test_served_suite_alternates_the_paths_compares_two_servers_and_each_delay_with_none(tiny_pair):
+# Two servers with an injected peer delay are one more two-node deployment (2 starts, minutes under load):
+# the default run serves without it. What the delay adds is unit-tested (tests/bench/test_served_delays.py:
+# the system's name and config, its comparison against none; tests/serving/test_peer_link.py: the link holds
+# each batch), and `-m slow` runs the deployment too.
+@pytest.mark.timeout(900)  # three server starts (five with the delay): 20-60 s each here, minutes under load
+@pytest.mark.parametrize("peer_delays_ms", [(0.0,), pytest.param((0.0, 2.0), marks=pytest.mark.slow)],
+                         ids=["no-delay", "and-2ms"])
+def test_served_suite_alternates_the_paths_compares_two_servers_and_each_delay_with_none(tiny_pair, peer_delays_ms):
     """embedded, served (gRPC), openai (the OpenAI server beside Triton) and two-servers (one model per
-    Triton server on loopback), alternated, and two-servers again with 2 ms added to every peer message:
-    paired ratios, the OpenAI server's and each node's processes in the CPU account, the handoff messages
-    counted on both servers, the transport's extra CPU per handoff message. One run_served call: each
-    start is 20-60 s here, and the served server is shared by the systems that run on one server."""
+    Triton server on loopback), alternated, and two-servers again with each delay added to every peer
+    message: paired ratios, the OpenAI server's and each node's processes in the CPU account, the handoff
+    messages counted on both servers, the transport's extra CPU per handoff message. One run_served call:
+    each start is 20-60 s here, and the served server is shared by the systems that run on one server."""
     raw = load_config(TINY_CONFIG).model_dump()  # the shipped config, on the pair tiny_pair just built
     raw["frontend"].update(names=["tokenrouter"], one_token_per_response=[])  # one front per server: a shared machine
     result = run_served(load_config(raw), [1, 2], Workload("short-long", (8, 16), 12, max_context=512),
                         Timing(0.3, 1.0), reps=2, systems=("embedded", "served", "openai", "two-servers"),
-                        peer_delays_ms=(0.0, 2.0))
-    assert result["systems"] == ["embedded", "served", "openai", "two-servers", "two-servers+2ms"]
+                        peer_delays_ms=peer_delays_ms)
+    delayed_systems = [two_servers(delay) for delay in peer_delays_ms if delay]
+    assert result["systems"] == ["embedded", "served", "openai", "two-servers", *delayed_systems]
     assert [p["clients"] for p in result["points"]] == [1, 2]  # all on the same servers
     for point in result["points"]:
         runs, comparisons = point["runs"], point["comparisons"]
@@ -73,9 +80,10 @@ def test_served_suite_alternates_the_paths_compares_two_servers_and_each_delay_w
         assert comparisons["two-servers / served"]["throughput"]["per_rep"] == pytest.approx(
             [t["throughput"] / s["throughput"] for t, s in zip(runs["two-servers"], runs["served"])])
         assert comparisons["two-servers / served"]["throughput"]["target"] == 0.95
-        delayed = comparisons["two-servers+2ms / two-servers"]
-        assert delayed["throughput"]["verdict"] == "-" and len(delayed["throughput"]["per_rep"]) == 2
-        for system in ("two-servers", "two-servers+2ms"):
+        for system in delayed_systems:
+            delayed = comparisons[f"{system} / two-servers"]
+            assert delayed["throughput"]["verdict"] == "-" and len(delayed["throughput"]["per_rep"]) == 2
+        for system in ("two-servers", *delayed_systems):
             for run in runs[system]:
                 assert run["handoffs_per_token"] > 0 and set(run["peer_send"]) == {"slm", "llm"}
                 by_process = run["cpu_ms_per_token"]["server by process"]
@@ -85,5 +93,6 @@ def test_served_suite_alternates_the_paths_compares_two_servers_and_each_delay_w
         per_handoff = comparisons["two-servers / served"]["server_cpu"]["difference_per_handoff_us"]
         assert len(per_handoff["per_rep"]) == 2
     text = markdown(result)
-    for name in ("served / embedded", "openai / served", "two-servers / served", "two-servers+2ms / two-servers"):
+    for name in ("served / embedded", "openai / served", "two-servers / served",
+                 *(f"{system} / two-servers" for system in delayed_systems)):
         assert name in text

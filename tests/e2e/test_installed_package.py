@@ -5,8 +5,9 @@ The wheel is built, then installed into a fresh virtual environment that sees no
 pinned versions of requirements.txt (torch as its CPU build, never a plain torch), plus what
 tools/install.sh adds apart (numpy for Triton's stub, nvidia-pytriton for the tritonserver binary,
 both without dependencies). Then, from an empty folder outside the checkout, the installed
-`tokenrouter serve --tiny` answers a request. Catches a runtime dependency pyproject.toml does not
-declare, data files left out of the wheel, and paths computed from the checkout.
+`tokenrouter serve --tiny` serves (Triton, the OpenAI server beside it, its restart alone, Ctrl-C): the
+suite's only `serve --tiny` start. Catches a runtime dependency pyproject.toml does not declare, data
+files left out of the wheel, and paths computed from the checkout.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import openai
 import pytest
 
 from tokenrouter.client import http_generate
-from helpers.launcher import descendants, launch, stop_and_check
+from tokenrouter.launch.processes import process_alive
+from tokenrouter.openai_server.app import API_KEY_ENV
+from helpers.launcher import descendants, launch, stop_and_check, triton_pid
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 # What the wheel installs at the top level of site-packages (besides its .dist-info).
@@ -134,16 +138,39 @@ print(json.dumps({"modules": [m.__file__ for m in (tokenrouter, tokenrouter_engi
 
 
 def test_the_installed_command_serves_the_tiny_pair_from_a_folder_outside_the_checkout(installed, tmp_path) -> None:
+    """`tokenrouter serve --tiny` as a user runs it once installed: configs/tiny.yaml on the tiny pair,
+    over Triton and over the OpenAI API beside it (with the key of TOKENROUTER_API_KEY); a killed OpenAI
+    server is restarted alone, Triton untouched; Ctrl-C stops it all without orphans."""
     venv, _ = installed
     assert not tmp_path.is_relative_to(CHECKOUT)
     launcher, ports = launch("--tiny", command=[str(venv / "bin" / "tokenrouter")], cwd=tmp_path,
-                              env=clean_env(venv))
+                              env={**clean_env(venv), API_KEY_ENV: "k-1"})
     try:
         server_pids = descendants(launcher.pid)
-        reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": "def add(a, b):", "max_tokens": 8})
-        assert reply["finish_reason"] == "length" and len(reply["output_ids"]) == 8
+        reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": "def add(a, b):", "max_tokens": 24})
+        assert reply["finish_reason"] == "length" and len(reply["output_ids"]) == 24
+        assert set(reply["output_models"]) == {"slm", "llm"}  # random policy, rate 0.3: both write
+        assert 0.0 < reply["large_model_share"] < 1.0
         assert (tmp_path / ".runtime" / "repositories" / "tiny").is_dir()  # state in the project folder
-        stop_and_check(launcher, signal.SIGTERM, server_pids)
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{launcher.openai_port}/v1", api_key="k-1", max_retries=0)
+        chat = api.chat.completions.create(model="tokenrouter", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=24, temperature=0)
+        assert chat.usage.completion_tokens == 24 and 0.0 < chat.choices[0].large_model_share < 1.0
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=api.base_url, api_key="wrong", max_retries=0).models.list()
+        (api_pid,) = [pid for pid in server_pids
+                      if b"tokenrouter.openai_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        triton = triton_pid(launcher.pid)
+        os.kill(api_pid, signal.SIGKILL)
+        lines = []
+        for line in launcher.stdout:  # the supervisor's account of it
+            lines.append(line)
+            if "the OpenAI server is ready again" in line:
+                break
+        assert any("the OpenAI server exited with code -9; restarting it" in line for line in lines), lines[-20:]
+        assert api.completions.create(model="tokenrouter", prompt="x", max_tokens=3).usage.completion_tokens == 3
+        assert process_alive(triton) and triton_pid(launcher.pid) == triton and not process_alive(api_pid)
+        stop_and_check(launcher, signal.SIGINT, descendants(launcher.pid) + server_pids)
     finally:
         if launcher.poll() is None:
             launcher.kill()

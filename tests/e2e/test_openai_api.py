@@ -1,6 +1,6 @@
 """The OpenAI-compatible server against real clients: the official `openai` SDK (sync and async),
 LangChain's ChatOpenAI, and curl with the request bodies of OpenAI's API reference, over loopback
-on the tiny pair routed 30 % to the large model (one Triton and one OpenAI server for the module).
+on the tiny pair routed 30 % to the large model (the session's routing server and the OpenAI server on it).
 
 The oracles: prompt tokens are the tokenizer's count of the chat template (or the prompt); a greedy
 reply streamed is the same reply whole; a stop string cuts the greedy reply before its first
@@ -21,22 +21,15 @@ import pytest
 
 from tokenrouter.text import TextCodec
 
-from helpers.servers import openai_server
+from helpers.servers import OPENAI_KEY as KEY
 
-KEY = "test-key-1234"
 MODEL = "tokenrouter"
 HELLO = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Write a sort function."}]
 
 
 @pytest.fixture(scope="module")
-def api(routing_server, tmp_path_factory: pytest.TempPathFactory):
-    with openai_server(routing_server, tmp_path_factory.mktemp("openai-log"), api_key=KEY) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client(api) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{api.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+def client(openai_api) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{openai_api.url}/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +52,7 @@ def test_chat_reply_with_usage_counted_by_the_tokenizer(client, codec) -> None:
     choice = reply.choices[0]
     assert reply.object == "chat.completion" and reply.model == MODEL and choice.message.role == "assistant"
     assert choice.message.content and choice.finish_reason == "length"
-    prompt = codec.tokenizer.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=True, return_dict=False)
+    prompt = codec.tokenizer.encode(codec.tokenizer.render_chat(HELLO), add_special_tokens=False)
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(prompt), 12)
     assert reply.usage.total_tokens == len(prompt) + 12
     assert reply.routing_policy == "random" and 0.0 <= choice.large_model_share <= 1.0
@@ -137,10 +130,10 @@ def test_chat_logprobs_one_per_token(client) -> None:
     assert all(item.logprob <= 0 and item.top_logprobs == [] for item in content)
 
 
-def test_async_client_streams_and_whole_replies_at_once(api) -> None:
+def test_async_client_streams_and_whole_replies_at_once(openai_api) -> None:
     """AsyncOpenAI: chat and completions, streamed and whole, all four at the same time."""
     async def run() -> list[str]:
-        async with openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key=KEY, max_retries=0) as aclient:
+        async with openai.AsyncOpenAI(base_url=f"{openai_api.url}/v1", api_key=KEY, max_retries=0) as aclient:
             async def streamed_chat() -> str:
                 stream = await aclient.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8,
                                                                temperature=0, stream=True)
@@ -179,12 +172,12 @@ def test_bad_requests_are_openai_400s_naming_the_parameter(client, kwargs: dict,
     assert greedy_text(client, 4)  # and the server goes on
 
 
-def test_unknown_model_and_api_key(api, client) -> None:
+def test_unknown_model_and_api_key(openai_api, client) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         chat(client, model="slm")  # an internal model is not a client model
     assert missing.value.body["code"] == "model_not_found"
     for key in ("wrong-key", ""):
-        wrong = openai.OpenAI(base_url=f"{api.url}/v1", api_key=key or "x", max_retries=0,
+        wrong = openai.OpenAI(base_url=f"{openai_api.url}/v1", api_key=key or "x", max_retries=0,
                               default_headers={} if key else {"Authorization": ""})
         with pytest.raises(openai.AuthenticationError):
             chat(wrong)
@@ -192,61 +185,61 @@ def test_unknown_model_and_api_key(api, client) -> None:
             wrong.models.list()
 
 
-def test_models_lists_the_fronts_only_and_health(api, client) -> None:
+def test_models_lists_the_fronts_only_and_health(openai_api, client) -> None:
     models = client.models.list().data
     assert [(m.id, m.owned_by, m.object) for m in models] == [(MODEL, "tokenrouter", "model")]
     assert isinstance(models[0].created, int) and client.models.retrieve(MODEL).id == MODEL
-    assert httpx.get(f"{api.url}/health").status_code == 200  # no key needed: a probe's
+    assert httpx.get(f"{openai_api.url}/health").status_code == 200  # no key needed: a probe's
 
 
-def test_body_over_the_cap_is_refused_before_parsing(api) -> None:
+def test_body_over_the_cap_is_refused_before_parsing(openai_api) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
     big = b'{"model": "tokenrouter", "messages": [{"role": "user", "content": "' + b"a" * (9 << 20) + b'"}]}'
-    reply = httpx.post(f"{api.url}/v1/chat/completions", content=big, headers=headers, timeout=60)
+    reply = httpx.post(f"{openai_api.url}/v1/chat/completions", content=big, headers=headers, timeout=60)
     assert reply.status_code == 413 and reply.json()["error"]["code"] == "request_too_large"
     parts = iter([big[i:i + 65536] for i in range(0, len(big), 65536)])  # no Content-Length: counted as it comes
-    chunked = httpx.post(f"{api.url}/v1/chat/completions", content=parts, headers=headers, timeout=60)
+    chunked = httpx.post(f"{openai_api.url}/v1/chat/completions", content=parts, headers=headers, timeout=60)
     assert chunked.status_code == 413
-    broken = httpx.post(f"{api.url}/v1/chat/completions", content=b"{not json", headers=headers)
+    broken = httpx.post(f"{openai_api.url}/v1/chat/completions", content=b"{not json", headers=headers)
     assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]["message"]
-    deep = httpx.post(f"{api.url}/v1/chat/completions", content=b"[" * 200_000, headers=headers)
+    deep = httpx.post(f"{openai_api.url}/v1/chat/completions", content=b"[" * 200_000, headers=headers)
     assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"]
 
 
-def test_the_served_port_has_the_http_limits(api) -> None:
+def test_the_served_port_has_the_http_limits(openai_api) -> None:
     """The served process runs the guarded protocol (tests/openai_server/test_openai_http_limits.py
     holds each limit): a 40 KB header is a 431 with OpenAI's error body; the server serves after it."""
-    reply = httpx.get(f"{api.url}/v1/models", headers={"Authorization": f"Bearer {KEY}", "X-Big": "a" * 40_000})
+    reply = httpx.get(f"{openai_api.url}/v1/models", headers={"Authorization": f"Bearer {KEY}", "X-Big": "a" * 40_000})
     assert reply.status_code == 431 and "over the limit of 32768 bytes" in reply.json()["error"]["message"]
-    assert httpx.get(f"{api.url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert httpx.get(f"{openai_api.url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
-def _curl(api, path: str, body: dict) -> str:
-    return subprocess.run(["curl", "-sS", "-N", f"{api.url}{path}", "-H", "Content-Type: application/json",
+def _curl(openai_api, path: str, body: dict) -> str:
+    return subprocess.run(["curl", "-sS", "-N", f"{openai_api.url}{path}", "-H", "Content-Type: application/json",
                            "-H", f"Authorization: Bearer {KEY}", "-d", json.dumps(body)],
                           check=True, capture_output=True, text=True, timeout=120).stdout
 
 
-def test_curl_bodies_from_openais_api_reference(api) -> None:
+def test_curl_bodies_from_openais_api_reference(openai_api) -> None:
     """The reference's examples (model name ours): chat default, chat streaming, legacy completion."""
-    default = json.loads(_curl(api, "/v1/chat/completions", {"model": MODEL, "messages": [
+    default = json.loads(_curl(openai_api, "/v1/chat/completions", {"model": MODEL, "messages": [
         {"role": "developer", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello!"}]}))
     assert default["choices"][0]["message"]["role"] == "assistant" and default["usage"]["completion_tokens"] > 0
-    events = _curl(api, "/v1/chat/completions", {"model": MODEL, "messages": [
+    events = _curl(openai_api, "/v1/chat/completions", {"model": MODEL, "messages": [
         {"role": "developer", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello!"}],
         "stream": True, "max_tokens": 6}).split("\n\n")
     assert all(e.startswith("data: ") for e in events if e) and events[-2] == "data: [DONE]" and events[-1] == ""
     assert json.loads(events[0][6:])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    legacy = json.loads(_curl(api, "/v1/completions", {"model": MODEL, "prompt": "Say this is a test",
+    legacy = json.loads(_curl(openai_api, "/v1/completions", {"model": MODEL, "prompt": "Say this is a test",
                                                        "max_tokens": 7, "temperature": 0}))
     assert legacy["usage"]["completion_tokens"] == 7 and legacy["choices"][0]["finish_reason"] == "length"
 
 
-def test_langchain_chat_openai(api, client) -> None:
+def test_langchain_chat_openai(openai_api, client) -> None:
     """LangChain's ChatOpenAI, invoke and stream, gets what the SDK gets."""
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(base_url=f"{api.url}/v1", api_key=KEY, model=MODEL, temperature=0, max_tokens=12,
+    llm = ChatOpenAI(base_url=f"{openai_api.url}/v1", api_key=KEY, model=MODEL, temperature=0, max_tokens=12,
                      max_retries=0)
     messages = [("system", HELLO[0]["content"]), ("human", HELLO[1]["content"])]
     expected = greedy_text(client, 12)

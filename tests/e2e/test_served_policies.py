@@ -97,11 +97,14 @@ def edit_routing_policy(repository: Path, policy: str, params: dict, weights: st
     (repository / ROUTING_POLICY / "config.pbtxt").write_text(HEADER + text_format.MessageToString(config))
 
 
-# Each case starts a server (~20 s here). The default suite serves one of each kind: a router on the
-# logits, a learned one whose weights sit in routing_policy/1/, the mixing ensemble; the plain seeded
-# router (random) is served by test_routing_server.py's oracles on the suite's routing server, the
-# runtime oracles hold every policy's tokens, and `-m slow` serves the rest too.
-SERVED_BY_DEFAULT = {"r_stitch", "co_llm", "ensemble"}
+# Each case starts a server (20-60 s here). The default suite serves what only a served policy does: a
+# deferral (the uncertain token dropped, the large model regenerating it) whose learned weights sit in
+# routing_policy/1/ and that reads hidden states (co_llm), and a policy that reads every model's logits and
+# mixes them across the subservers (ensemble). The plain seeded router (random) is served by
+# test_routing_server.py's oracles on the suite's routing server; r_stitch is a deferral on the logits,
+# both of which those two serve, and its rule is a unit test's (tests/policies/test_policy_entropy.py);
+# the runtime oracles hold every policy's tokens, and `-m slow` serves the rest too.
+SERVED_BY_DEFAULT = {"co_llm", "ensemble"}
 
 
 @pytest.mark.parametrize("policy", [p if p in SERVED_BY_DEFAULT else pytest.param(p, marks=pytest.mark.slow)

@@ -153,7 +153,7 @@ def test_cancelling_a_client_stream_frees_the_request_on_both_servers(deployment
 
 
 def test_killing_the_large_models_server_ends_its_requests_clearly_and_the_deployment_heals(
-        deployment, embedded, config):
+        deployment, embedded):
     entry = deployment.servers["slm"]
     streams = long_streams(entry, 6)
     wait_held(deployment.servers["llm"], "llm")
@@ -168,17 +168,10 @@ def test_killing_the_large_models_server_ends_its_requests_clearly_and_the_deplo
         assert any(word in error for word in ("is unreachable", "is not connected", "could not reach")), error
     assert wait_for_idle_pools(entry, timeout_s=5) == {}  # the entry's KV for them is free
     wait_connected(deployment, "slm", "llm", 0)
+    # the link's problem is what the entry answers with; a peer back with another deployment's settings is
+    # such a problem, naming the value (tests/serving/test_peer_link.py: no node restart for it here)
     with pytest.raises(InferenceServerException, match="the deployment is not whole: model 'llm'"):
         stream_ids(entry, PROMPTS[0], max_tokens=4)
-
-    other = config.model_copy(update={"scheduling": config.scheduling.model_copy(update={"max_active": 32})})
-    deployment.start("llm", other)  # back, but with another deployment's settings: refused, naming the value
-    time.sleep(2.0)
-    disagreement = "scheduling.max_active: 32 at 'llm' at 127.0.0.1:\\d+, 64 at 'slm'"
-    with pytest.raises(InferenceServerException, match=disagreement):
-        stream_ids(entry, PROMPTS[0], max_tokens=4)
-    assert metrics(entry).get(CONNECTED.format(model="slm", peer="llm")) == 0
-    deployment.kill("llm")
 
     deployment.start("llm")
     wait_connected(deployment, "slm", "llm", 1)

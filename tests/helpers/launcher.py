@@ -43,7 +43,8 @@ def triton_pid(launcher_pid: int) -> int:
 def tiny_repository(out: Path) -> Path:
     """What `tokenrouter serve --tiny --model-repository out` renders, with one front (tokenrouter) in
     place of three: two stubs fewer per start (each loads a tokenizer, ~4 s of CPU), for the tests of
-    the server's life (drain, faults, reload) that call no other front. --tiny itself: test_serve.py."""
+    the server's life (drain, faults, reload, loop death) that call no other front. --tiny itself:
+    test_installed_package.py (the installed command)."""
     raw = load_config(TINY_CONFIG).model_dump()
     pair = ensure_tiny_pair(TINY_FAMILY, TINY_SEED)
     raw["models"]["slm"]["path"], raw["models"]["llm"]["path"] = str(pair["small"]), str(pair["large"])
@@ -77,11 +78,14 @@ def launch(*args: str, python: str = sys.executable, cwd: Path | None = None,
 
 
 def stop(launcher: subprocess.Popen, timeout_s: float = 60) -> None:
-    """SIGTERM, as an operator stops it; killed if it has not exited within ``timeout_s``."""
+    """SIGTERM, as an operator stops it; killed with its children (a fleet's workers run in sessions of
+    their own) if it has not exited within ``timeout_s``."""
     launcher.send_signal(signal.SIGTERM)
     try:
         launcher.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        for pid in children(launcher.pid):
+            os.kill(pid, signal.SIGKILL)
         launcher.kill()
         launcher.wait()
 

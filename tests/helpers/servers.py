@@ -18,6 +18,8 @@ from tokenrouter.serving.schema import EXCLUDE_INPUT
 
 ECHO_DOUBLE = Path(__file__).with_name("echo_subserver_double.py")
 
+OPENAI_KEY = "test-key-1234"  # the shared OpenAI server's API key (tests/conftest.py: openai_api)
+
 UNARY = "unary"  # a unary front next to the decoupled `tokenrouter` in the test repositories
 
 

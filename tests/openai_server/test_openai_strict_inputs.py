@@ -131,8 +131,7 @@ def test_ignore_eos_is_min_tokens_equal_to_max_tokens(tiny_codec, path: str, bod
 
 def test_ignore_eos_without_max_tokens_fills_the_context(tiny_codec) -> None:
     """A chat without max_tokens may write as many tokens as the context holds: with ignore_eos, all of them."""
-    prompt = tiny_codec.tokenizer.apply_chat_template(CHAT["messages"], add_generation_prompt=True, tokenize=True,
-                                                      return_dict=False)
+    prompt = tiny_codec.tokenizer.encode(tiny_codec.tokenizer.render_chat(CHAT["messages"]), add_special_tokens=False)
     status, _, sent = post(tiny_codec, "/v1/chat/completions", {**CHAT, "ignore_eos": True})
     assert status == 200 and sent[0]["max_tokens"] == sent[0]["min_tokens"] == [4096 - len(prompt)]
 

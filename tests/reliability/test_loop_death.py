@@ -20,11 +20,8 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from helpers.routing import PROMPTS
-from helpers.launcher import launch, stop
+from helpers.launcher import launch, stop, tiny_repository
 from tokenrouter.client import grpc_stream, http_generate, inputs
-from tokenrouter.serving.repository import render_repository
-from tokenrouter_engines.tiny import ensure_tiny_pair
-from tokenrouter.launch.serve import TINY_CONFIG, TINY_FAMILY, TINY_SEED, _with_pair
 
 BROKEN_MODEL = "llm"
 BREAKING_MODEL_PY = '''
@@ -49,7 +46,7 @@ class TritonPythonModel(Backend):
 
 
 def _repository_with_a_breakable_loop(repo: Path, trigger: Path) -> Path:
-    render_repository(_with_pair(TINY_CONFIG, ensure_tiny_pair(TINY_FAMILY, TINY_SEED)), repo)
+    tiny_repository(repo)
     config = repo / BROKEN_MODEL / "config.pbtxt"
     config.write_text(config.read_text().replace('backend: "python_router"', 'backend: "python"'))
     (repo / BROKEN_MODEL / "1" / "model.py").write_text(BREAKING_MODEL_PY.format(trigger=str(trigger)))

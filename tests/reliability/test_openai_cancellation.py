@@ -13,9 +13,7 @@ import json
 import socket
 import time
 
-import pytest
-
-from helpers.servers import openai_server
+from helpers.servers import OPENAI_KEY
 from helpers.routing import metrics
 
 from helpers.cancellation import LONG, assert_cancelled_and_idle, wait_until_held
@@ -23,17 +21,12 @@ from helpers.cancellation import LONG, assert_cancelled_and_idle, wait_until_hel
 STREAMS = 6
 
 
-@pytest.fixture(scope="module")
-def api(routing_server, tmp_path_factory: pytest.TempPathFactory):
-    with openai_server(routing_server, tmp_path_factory.mktemp("openai-log")) as server:
-        yield server
-
-
-def _send(api, body: dict) -> socket.socket:
+def _send(openai_api, body: dict) -> socket.socket:
     """A raw HTTP/1.1 request, so that the test closes the connection exactly when it means to."""
     payload = json.dumps(body).encode()
-    sock = socket.create_connection((api.host, api.port), timeout=120)
+    sock = socket.create_connection((openai_api.host, openai_api.port), timeout=120)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: Bearer {OPENAI_KEY}\r\n".encode()
                  + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
     return sock
 
@@ -43,8 +36,8 @@ def _long(i: int, stream: bool) -> dict:
             "stream": stream}
 
 
-def test_dropped_streams_end_on_every_model(routing_server, api) -> None:
-    socks = [_send(api, _long(i, stream=True)) for i in range(STREAMS)]
+def test_dropped_streams_end_on_every_model(routing_server, openai_api) -> None:
+    socks = [_send(openai_api, _long(i, stream=True)) for i in range(STREAMS)]
     for sock in socks:  # the status line, the headers and the first token's event
         received = b""
         while b"\"text\"" not in received:
@@ -59,10 +52,10 @@ def test_dropped_streams_end_on_every_model(routing_server, api) -> None:
     print(f"{STREAMS} dropped streams cancelled on every model within {time.monotonic() - since:.2f} s")
 
 
-def test_dropped_whole_requests_end_on_every_model(routing_server, api) -> None:
+def test_dropped_whole_requests_end_on_every_model(routing_server, openai_api) -> None:
     """A client waiting for a whole (non-streamed) reply that hangs up: the server notices the
     disconnect while the fronts are still generating, and ends them."""
-    socks = [_send(api, _long(i, stream=False)) for i in range(2)]
+    socks = [_send(openai_api, _long(i, stream=False)) for i in range(2)]
     wait_until_held(routing_server, 2)
     before = metrics(routing_server)
     since = time.monotonic()

@@ -63,8 +63,8 @@ def client_inputs(ids: list[int], codec: TextCodec, output_len: int, **flags) ->
     ``--tokenizer-dir``'s end and pad ids (the tokenizer's eos; pad = eos when it has none); the optional
     inputs only when their flag is given, as it adds them."""
     tokenizer = codec.tokenizer
-    eos = tokenizer.encode(tokenizer.eos_token, add_special_tokens=False)[0]
-    pad = tokenizer.encode(tokenizer.pad_token or tokenizer.eos_token, add_special_tokens=False)[0]
+    eos = tokenizer.eos_token_id
+    pad = eos if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     arrays = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
               "request_output_len": np.array([[output_len]], np.int32), "beam_width": np.array([[1]], np.int32),
               "temperature": np.array([[1.0]], np.float32),

@@ -26,7 +26,7 @@ TORCH_FREE = [
 PROBE = """
 import importlib, json, sys
 importlib.import_module(sys.argv[1])
-print(json.dumps({"torch": "torch" in sys.modules,
+print(json.dumps({"torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules,
                   "loaded": sorted(m for m in sys.modules if m.startswith("tokenrouter"))}))
 """
 
@@ -50,9 +50,28 @@ def test_importing_it_loads_no_torch(module: str, stub_dir: Path) -> None:
     found = _import_alone(module, stub_dir)
     assert module in found["loaded"]
     assert not found["torch"], f"{module} imports torch; the tokenrouter modules it loaded: {found['loaded']}"
+    assert not found["transformers"], f"{module} imports transformers"
 
 
 def test_the_probe_sees_torch_when_it_is_loaded(stub_dir: Path) -> None:
     """The check itself: a module that does reach the engine layer is caught."""
     found = _import_alone("tokenrouter.engine.base", stub_dir)
     assert found["torch"]
+
+
+CODEC_PROBE = """
+import json, sys
+from tokenrouter.text import TextCodec
+codec = TextCodec.from_path(sys.argv[1], chat_template=True)
+codec.decode(codec.encode_prompt("hello"))
+print(json.dumps({"torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}))
+"""
+
+
+def test_a_model_folders_tokenizer_loads_without_transformers_or_torch(tiny_tokenizer: Path) -> None:
+    """What every text stub does at start (load the codec, render a chat turn, decode) imports neither:
+    transformers' AutoTokenizer costs 4-5 CPU s a stub."""
+    done = subprocess.run([sys.executable, "-c", CODEC_PROBE, str(tiny_tokenizer)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"torch": False, "transformers": False}

@@ -58,6 +58,11 @@ def two_servers(delay_ms: float) -> str:
     return TWO_SERVERS if delay_ms == 0 else f"{TWO_SERVERS}+{delay_ms:g}ms"
 
 
+def peer_delay_ms(system: str) -> float:
+    """The delay a ``two_servers`` system name carries (0 without one)."""
+    return float(system.split("+")[1][:-2]) if "+" in system else 0.0
+
+
 @dataclass(frozen=True)
 class Comparison:
     """``numerator`` against ``denominator`` at one N, with its targets: throughput ratio at least
@@ -217,7 +222,7 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
 
     rows = side_by_side(list(systems), reps, run, label=f"{' vs '.join(systems)} N={clients}")
     medians = {system: {**median_row(runs), **_cpu_medians(runs)} for system, runs in rows.items()}
-    comparisons = [*COMPARISONS, *delay_comparisons([float(s.split("+")[1][:-2]) for s in placed if "+" in s])]
+    comparisons = [*COMPARISONS, *delay_comparisons([peer_delay_ms(system) for system in placed])]
     return {"clients": clients, "runs": rows, "medians": medians,
             "comparisons": {c.name: _compare(c, rows, medians) for c in comparisons
                             if c.numerator in rows and c.denominator in rows}}

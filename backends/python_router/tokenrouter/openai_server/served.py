@@ -56,7 +56,7 @@ class ServedPair:
 
     def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
         """The conversation as the model's chat template writes it, ready for the assistant's turn."""
-        return self.codec.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        return self.codec.tokenizer.render_chat(messages, add_generation_prompt=True)
 
     def models(self) -> list[dict[str, Any]]:
         """/v1/models' data."""
