@@ -1,7 +1,7 @@
 """Shared fixtures: tiny model pairs built once per machine (see engines/tiny.py), and the real
 Triton servers on them: one routing server for the whole session, and a module's own servers.
 
-A server start costs 20-60 s here (each loads ~9 Python stubs that import transformers): a test that
+A server start costs 10-30 s here (~9 Python stubs; the engines' import torch): a test that
 only needs *a* routing server uses ``routing_server`` (and ``openai_api``, the OpenAI server on it); a
 module starts its own (``start_server``) only for a repository of its own or to change the server's
 state (stop, reload, kill)."""

@@ -24,6 +24,7 @@ from tokenrouter.procfs import proc_stat
 from tokenrouter.fleet.launcher import tiny_config
 from tokenrouter.launch.free_ports import free_port, free_port_run
 from helpers.launcher import children
+from helpers.streams import streaming
 
 pytestmark = pytest.mark.timeout(400)
 PROMPT_IDS = [321, 784, 10, 67, 14, 301, 309]
@@ -165,13 +166,8 @@ def _held(fleet: Fleet) -> list[dict[tuple[str, str], float]]:
 
 
 def test_disconnect_frees_kv_on_both_models_of_its_replica(fleet):
-    body = {"model": "tokenrouter", "prompt": PROMPT_IDS, "max_tokens": 900, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{fleet.url}/completions", json=body) as response:
-            lines = response.iter_lines()
-            for _ in range(40):  # enough tokens for the random policy (rate 0.3) to have used both models
-                next(lines)
-            during = _held(fleet)
+    with streaming(fleet.url, PROMPT_IDS, 900):  # 20 tokens: the random policy (rate 0.3) used both models
+        during = _held(fleet)
     busy = [m for m in during if m[("tokenrouter_kv_blocks_used", "slm")] > 0]
     assert len(busy) == 1 and busy[0][("tokenrouter_kv_blocks_used", "llm")] > 0, during
     deadline = time.monotonic() + 2.0
@@ -189,24 +185,16 @@ def test_both_replicas_serve(fleet):
 
 
 def test_a_killed_replica_loses_no_request_and_is_started_again(fleet):
-    body = {"model": "tokenrouter", "prompt": PROMPT_IDS, "max_tokens": 300, "ignore_eos": True, "stream": True}
-    text_chunks = 0
-    with httpx.Client(timeout=120) as http:
-        with http.stream("POST", f"{fleet.url}/completions", json=body) as response:
-            lines = response.iter_lines()
-            for line in lines:
-                text_chunks += line.startswith("data: {")
-                if text_chunks == 20:
-                    break
-            held = _held(fleet)
-            victim = next(i for i, m in enumerate(held) if m[("tokenrouter_requests_held", "slm")] > 0)
-            pid = next(pid for pid in fleet.worker_pids()
-                       if f"DYN_SYSTEM_PORT={fleet.status_ports[victim]}".encode()
-                       in Path(f"/proc/{pid}/environ").read_bytes())
-            pair = _pair_processes(pid)
-            assert len(pair) == 1  # the worker runs its pair in a child process
-            os.kill(pid, signal.SIGKILL)
-            rest = [line for line in lines if line.startswith("data: ")]
+    with streaming(fleet.url, PROMPT_IDS, 300) as lines:
+        held = _held(fleet)
+        victim = next(i for i, m in enumerate(held) if m[("tokenrouter_requests_held", "slm")] > 0)
+        pid = next(pid for pid in fleet.worker_pids()
+                   if f"DYN_SYSTEM_PORT={fleet.status_ports[victim]}".encode()
+                   in Path(f"/proc/{pid}/environ").read_bytes())
+        pair = _pair_processes(pid)
+        assert len(pair) == 1  # the worker runs its pair in a child process
+        os.kill(pid, signal.SIGKILL)
+        rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in "".join(rest[-3:]).replace(" ", "")
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and _running(pair[0]):

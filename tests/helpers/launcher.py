@@ -78,11 +78,14 @@ def launch(*args: str, python: str = sys.executable, cwd: Path | None = None,
 
 
 def stop(launcher: subprocess.Popen, timeout_s: float = 60) -> None:
-    """SIGTERM, as an operator stops it; killed if it has not exited within ``timeout_s``."""
+    """SIGTERM, as an operator stops it; killed with its children (a fleet's workers run in sessions of
+    their own) if it has not exited within ``timeout_s``."""
     launcher.send_signal(signal.SIGTERM)
     try:
         launcher.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        for pid in children(launcher.pid):
+            os.kill(pid, signal.SIGKILL)
         launcher.kill()
         launcher.wait()
 

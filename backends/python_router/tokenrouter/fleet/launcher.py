@@ -1,6 +1,11 @@
 """``tokenrouter fleet``: NVIDIA Dynamo's frontend and N replicas of the pair (each a Dynamo worker).
 
     tokenrouter fleet --tiny --replicas 2 --migration-limit 2    # one machine, loopback only
+    tokenrouter fleet --tiny --pools 1+2                          # the pair split: entry worker + 2 peer workers
+
+With ``--pools 1+K`` the pair is split over workers (entry_engine.py: the small model and the policy,
+served; K peer_worker.py per other model, reached by worker-to-worker calls, each request pinned to
+one of them); several entry workers are not served yet.
 
 On one machine discovery goes through a folder and every socket is pinned to 127.0.0.1 (no etcd,
 no NATS). Across hosts, ``--discovery etcd`` with ``ETCD_ENDPOINTS`` and ``NATS_SERVER`` set: one
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from ..serving.pair_secret import PAIR_SECRET_FILE_ENV, move_secret_to_file
+from ..serving.peer_auth import write_private_file
 
 ROUTER_MODES = ("round-robin", "random", "power-of-two", "least-loaded", "kv")
 WATCH_PERIOD_S = 0.5
@@ -34,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--config", help="the pair's YAML config (configs/)")
     source.add_argument("--tiny", action="store_true", help="the tiny random pair, ready in seconds")
     parser.add_argument("--replicas", type=int, default=1, help="workers on this machine, each a whole pair")
+    parser.add_argument("--pools", metavar="M+K",
+                        help="split the pair: M entry (small-model) workers and K peer (large-model) workers "
+                             "instead of whole-pair replicas; M is 1 for now")
     parser.add_argument("--router-mode", choices=ROUTER_MODES, default="round-robin",
                         help="how the frontend picks a replica (default round-robin)")
     parser.add_argument("--migration-limit", type=int, default=2,
@@ -91,6 +103,46 @@ def frontend_command(args: argparse.Namespace) -> list[str]:
 def worker_command(config: Path, served_model_name: str) -> list[str]:
     return [sys.executable, "-m", "tokenrouter.fleet.worker", "--config", str(config),
             "--served-model-name", served_model_name, "--namespace", "tokenrouter"]
+
+
+def parse_pools(text: str) -> tuple[int, int]:
+    """``M+K`` as (M, K); only what is served (one entry worker) is taken."""
+    parts = text.split("+")
+    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+        raise SystemExit(f"--pools {text}: give M+K (entry workers + peer workers per other model), e.g. 1+2")
+    entries, peers = (int(part) for part in parts)
+    if entries != 1 or peers < 1:
+        raise SystemExit(f"--pools {text}: one entry worker and at least one peer worker (1+K) for now; "
+                         "several entry workers are not built yet")
+    return entries, peers
+
+
+def pool_workers(config: Path, served_model_name: str, run_dir: Path, status_port: int,
+                 peers: int) -> list["Process"]:
+    """The split pair's workers: the entry (served to the frontend), then ``peers`` per other model."""
+    from ..config import load_config
+
+    models = load_config(config)
+    entry = [sys.executable, "-m", "tokenrouter.fleet.entry_engine", "--config", str(config),
+             "--served-model-name", served_model_name, "--namespace", "tokenrouter"]
+    workers = [Process("entry worker", entry, run_dir / "entry.log", env=worker_environment(0, status_port, 0))]
+    for model in (m for m in models.model_names if m != models.entry):
+        command = [sys.executable, "-m", "tokenrouter.fleet.peer_worker", "--config", str(config), "--model", model,
+                   "--namespace", "tokenrouter"]
+        for k in range(peers):
+            workers.append(Process(f"peer worker {model} {k}", command, run_dir / f"peer-{model}-{k}.log",
+                                   env=worker_environment(len(workers), status_port, 0)))
+    return workers
+
+
+def provide_pair_secret(env: dict[str, str], run_dir: Path) -> None:
+    """The split pair's workers sign their calls with the deployment's secret (pair_secret.py): the one
+    given (moved from the environment into a private file), or a new one for this machine's run."""
+    path = run_dir / "pair-secret"
+    if move_secret_to_file(env, path) or env.get(PAIR_SECRET_FILE_ENV):
+        return
+    write_private_file(path, secrets.token_urlsafe(32))
+    env[PAIR_SECRET_FILE_ENV] = str(path)
 
 
 @dataclass
@@ -167,19 +219,29 @@ def _raise_stop(signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pools:
+        parse_pools(args.pools)
+        if args.replicas != 1 or args.gpus_per_replica:
+            raise SystemExit("--pools splits one pair over workers: it takes no --replicas or --gpus-per-replica")
     if args.replicas < 1 and not args.no_workers:
         raise SystemExit("--replicas must be >= 1")
-    if args.worker_status_port + args.replicas - 1 > MAX_STATUS_PORT:
-        raise SystemExit(f"--worker-status-port: Dynamo 1.6.1 reads DYN_SYSTEM_PORT as a signed 16-bit number; "
-                         f"the last worker's port must be <= {MAX_STATUS_PORT}")
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="tokenrouter-fleet-")).resolve()
     (run_dir / "home").mkdir(parents=True, exist_ok=True)
     env = fleet_environment(args.discovery, run_dir)
     config = resolve_config(args, run_dir)
-    workers = [] if args.no_workers else [
-        Process(f"worker {i}", worker_command(config, args.served_model_name), run_dir / f"worker-{i}.log",
-                env=worker_environment(i, args.worker_status_port, args.gpus_per_replica))
-        for i in range(args.replicas)]
+    if args.no_workers:
+        workers = []
+    elif args.pools:
+        provide_pair_secret(env, run_dir)
+        workers = pool_workers(config, args.served_model_name, run_dir, args.worker_status_port,
+                               parse_pools(args.pools)[1])
+    else:
+        workers = [Process(f"worker {i}", worker_command(config, args.served_model_name), run_dir / f"worker-{i}.log",
+                           env=worker_environment(i, args.worker_status_port, args.gpus_per_replica))
+                   for i in range(args.replicas)]
+    if args.worker_status_port + len(workers) - 1 > MAX_STATUS_PORT:
+        raise SystemExit(f"--worker-status-port: Dynamo 1.6.1 reads DYN_SYSTEM_PORT as a signed 16-bit number; "
+                         f"the last worker's port must be <= {MAX_STATUS_PORT}")
     frontend = None if args.no_frontend else Process("frontend", frontend_command(args), run_dir / "frontend.log")
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
@@ -187,7 +249,8 @@ def run(args: argparse.Namespace) -> int:
         for process in ([frontend] if frontend else []) + workers:
             process.start(env)
         where = f"http://{args.host}:{args.http_port}/v1" if frontend else "this host's workers"
-        print(f"tokenrouter fleet: {len(workers)} replica(s), {where}, logs in {run_dir}", file=sys.stderr, flush=True)
+        what = f"pools {args.pools}" if args.pools else f"{len(workers)} replica(s)"
+        print(f"tokenrouter fleet: {what}, {where}, logs in {run_dir}", file=sys.stderr, flush=True)
         while True:
             time.sleep(WATCH_PERIOD_S)
             if frontend and not frontend.alive:

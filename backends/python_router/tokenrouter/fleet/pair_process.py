@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ..config import TokenRouterConfig, load_config
 from .frames import HEADER, BlockingChannel, decode, encode
+from .streamed_output import StreamedOutput
 
 STOP_TIMEOUT_S = 60.0  # a closing pair finishes its loops' current steps first
 
@@ -28,35 +29,18 @@ class PairProcessError(RuntimeError):
     """The pair's process failed to start or exited."""
 
 
-class PairStream:
+class PairStream(StreamedOutput):
     """One request's output as the pair's process sends it, read by ``generate`` on the event loop."""
 
     def __init__(self, key: int) -> None:
+        super().__init__()
         self.key = key
-        self.tokens: list[int] = []
-        self.origins: list[int] = []
-        self.logprobs: list[float] | None = None
-        self.finish_reason: str | None = None
-        self.error: str | None = None
         self.refusal: tuple[str, str] | None = None  # (kind, message) when the submit was refused
         self.aborted = False
-        self.changed = asyncio.Event()  # something to read
-        self.ended = asyncio.Event()  # nothing more will come
 
     @property
     def done(self) -> bool:
         return self.ended.is_set()
-
-    def add(self, tokens: list[int], origins: list[int], logprobs: list[float] | None, finish_reason: str | None,
-            error: str | None) -> None:
-        self.tokens += tokens
-        self.origins += origins
-        if logprobs is not None:
-            self.logprobs = (self.logprobs or []) + logprobs
-        if finish_reason is not None:
-            self.finish_reason, self.error = finish_reason, error
-            self.ended.set()
-        self.changed.set()
 
     def refuse(self, kind: str, message: str) -> None:
         self.refusal = (kind, message)
@@ -67,12 +51,6 @@ class PairStream:
         self.aborted = True
         self.ended.set()
         self.changed.set()
-
-    def take(self) -> tuple[list[int], list[int], list[float] | None]:
-        """What came since the last take."""
-        taken = self.tokens, self.origins, self.logprobs
-        self.tokens, self.origins, self.logprobs = [], [], None if self.logprobs is None else []
-        return taken
 
 
 class PairProcess:

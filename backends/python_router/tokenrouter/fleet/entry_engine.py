@@ -1,0 +1,186 @@
+"""The entry of a split pair as a Dynamo ``LLMEngine``: the small model's subserver (and the policy),
+registered as the served model; the large model runs in another worker (peer_worker.py) and the two
+talk through Dynamo's worker-to-worker calls (pool_member.py, dynamo_channel.py).
+
+    python -m tokenrouter.fleet.entry_engine --config C         # with peer_worker.py --config C
+
+The engine registers with the frontend only once its link to the peer worker is up, so a listed
+model can serve. A request the pair cannot serve now (the peer worker lost) is refused with the reason.
+Each chunk's ``engine_data`` has ``models`` (one per token), as the replicas' engine.py sends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import secrets
+from collections import Counter
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+from dynamo._core import Context, DistributedRuntime
+from dynamo.common.backend import EngineConfig, GenerateChunk, GenerateRequest, LLMEngine, LlmRegistration, WorkerConfig
+from dynamo.common.backend.health_check import build_health_check_payload
+from dynamo.common.backend.run import run
+from dynamo.llm.exceptions import InvalidArgument
+
+from ..config import load_config
+from ..request_builder import RequestError, build_spec
+from ..runtime.admission import ServerBusy
+from ..runtime.emission import large_model_share
+from ..runtime.subserver import Subserver
+from .pool_member import PoolMember
+from .requests import map_request
+from .streamed_output import StreamedOutput
+
+log = logging.getLogger(__name__)
+SPEC_KEYWORDS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty",
+                 "presence_penalty", "frequency_penalty", "return_log_probs")
+
+
+class _Output(StreamedOutput):
+    """A ClientSink fed by the subserver's loop thread; what it gets is added on Dynamo's loop, where the
+    request's generator reads it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.loop = loop
+
+    def on_output(self, tokens: list[int], origins: list[int], finish_reason: str | None = None,
+                  error: str | None = None, logprobs: list[float] | None = None) -> None:
+        self.loop.call_soon_threadsafe(self.add, list(tokens), list(origins),
+                                       None if logprobs is None else list(logprobs), finish_reason, error)
+
+
+class EntryEngine(LLMEngine):
+    def __init__(self, config_path: str | Path, served_model_name: str, namespace: str,
+                 model_path: str | None = None) -> None:
+        self.config_path, self.served_model_name, self.namespace = Path(config_path), served_model_name, namespace
+        self.config = load_config(self.config_path)
+        self.model_path = model_path
+        self.member: PoolMember | None = None
+        self._running: dict[str, str] = {}  # Dynamo's request id -> the subserver's
+        self._start = secrets.token_hex(4)
+        self._count = 0
+
+    @classmethod
+    async def from_args(cls, argv: list[str] | None = None) -> tuple["EntryEngine", WorkerConfig]:
+        parser = argparse.ArgumentParser(prog="python -m tokenrouter.fleet.entry_engine",
+                                         description="the entry (small model) of a split pair as a Dynamo worker")
+        parser.add_argument("--config", required=True, help="the pair's YAML config (configs/)")
+        parser.add_argument("--served-model-name", default="tokenrouter")
+        parser.add_argument("--model-path", help="folder the frontend reads the tokenizer and chat template from "
+                                                 "(default: the config's tokenizer)")
+        parser.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "tokenrouter"))
+        args = parser.parse_args(argv)
+        engine = cls(args.config, args.served_model_name, args.namespace, args.model_path)
+        worker = WorkerConfig(namespace=args.namespace, component="tokenrouter", endpoint="generate",
+                              model_name=engine.model_folder(), served_model_name=args.served_model_name,
+                              discovery_backend=os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),
+                              request_plane=os.environ.get("DYN_REQUEST_PLANE", "tcp"),
+                              event_plane=os.environ.get("DYN_EVENT_PLANE"), enable_kv_routing=False)
+        return engine, worker
+
+    def model_folder(self) -> str:
+        folder = self.model_path or self.config.tokenizer_path or self.config.models[self.config.entry].path
+        if not folder:
+            raise ValueError(f"{self.config_path}: no tokenizer folder for Dynamo's frontend; pass --model-path")
+        return str(folder)
+
+    async def start(self, worker_id: int) -> EngineConfig:
+        del worker_id
+        # A runtime of its own for the peer endpoints and links: the worker's (DistributedRuntime.detached())
+        # has no event loop to call Python handlers on.
+        self._runtime = DistributedRuntime(asyncio.get_running_loop(), os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),
+                                           os.environ.get("DYN_REQUEST_PLANE", "tcp"))
+        runtime = self._runtime
+        self.member = await PoolMember.start(self.config_path, self.config.entry, runtime, self.namespace,
+                                             on_death=lambda: _exit("the entry's subserver loop died"))
+        await self.member.wait_whole()
+        engine = self.member.subserver.engine
+        return EngineConfig(model=self.model_folder(), served_model_name=self.served_model_name,
+                            llm=LlmRegistration(context_length=self.member.subserver.core.limits.max_model_len,
+                                                kv_cache_block_size=engine.block_size,
+                                                total_kv_blocks=engine.num_total_blocks,
+                                                max_num_seqs=self.config.scheduling.max_active))
+
+    async def health_check_payload(self) -> dict[str, Any] | None:
+        return build_health_check_payload(bos_token_id=0)
+
+    async def generate(self, request: GenerateRequest, context: Context) -> AsyncGenerator[GenerateChunk, None]:
+        mapped = map_request(request)
+        member = self.member
+        if member is None:
+            raise RuntimeError("the engine is not started")
+        if (problem := member.problem()) is not None:
+            raise RuntimeError(f"the pair is not whole: {problem}; try again when it is back")
+        subserver = member.subserver
+        output = _Output(asyncio.get_running_loop())
+        self._count += 1
+        rid = f"entry-{self._start}-{self._count}"
+        try:
+            subserver.submit(rid, mapped.prompt, self._spec(subserver, len(mapped.prompt), mapped.keywords), output)
+        except RequestError as exc:
+            raise InvalidArgument(str(exc)) from None
+        except ServerBusy as exc:
+            raise RuntimeError(f"the entry is busy: {exc}") from None
+        self._running[context.id()] = rid
+        names, entry = self.config.model_names, self.config.model_names.index(self.config.entry)
+        every: list[int] = []
+        try:
+            while True:
+                await output.changed.wait()
+                output.changed.clear()
+                finish_reason, error = output.finish_reason, output.error
+                tokens, origins, logprobs = output.take()
+                if not tokens and finish_reason is None:
+                    continue
+                every += origins
+                chunk: GenerateChunk = {"token_ids": tokens, "index": 0,
+                                        "engine_data": {"models": [names[o] for o in origins]}}
+                if logprobs is not None:
+                    chunk["log_probs"] = logprobs
+                if finish_reason is not None:
+                    chunk["finish_reason"] = finish_reason
+                    chunk["completion_usage"] = {"prompt_tokens": len(mapped.prompt), "completion_tokens": len(every),
+                                                 "total_tokens": len(mapped.prompt) + len(every)}
+                    chunk["engine_data"].update(response_models=[names[o] for o in every],
+                                                large_model_share=large_model_share(Counter(every), entry))
+                yield chunk
+                if finish_reason == "error":
+                    raise RuntimeError(error)
+                if finish_reason is not None:
+                    return
+        finally:
+            self._running.pop(context.id(), None)
+            if output.finish_reason is None:  # a consumer that stops reading ends the request on every model
+                subserver.cancel(rid)
+
+    @staticmethod
+    def _spec(subserver: Subserver, prompt_len: int, keywords: dict[str, Any]) -> Any:
+        sent = {key: keywords[key] for key in SPEC_KEYWORDS if key in keywords}
+        eos = [] if keywords.get("ignore_eos") else sorted(subserver.engine.eos_token_ids)
+        end_ids = eos + [t for t in keywords.get("stop_token_ids", []) if t not in eos]
+        return build_spec(prompt_len, sent, end_ids=end_ids)
+
+    async def abort(self, context: Context) -> None:
+        rid = self._running.pop(context.id(), None)
+        if rid is not None and self.member is not None:
+            self.member.subserver.cancel(rid)  # the entry ends it on the peer too, whether or not generate reads on
+
+    async def cleanup(self) -> None:
+        if self.member is not None:
+            member, self.member = self.member, None
+            await asyncio.get_running_loop().run_in_executor(None, member.close)
+
+
+def _exit(why: str) -> None:
+    log.critical("%s: the worker exits", why)
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    run(EntryEngine)

@@ -1,0 +1,198 @@
+"""One model's subserver as a Dynamo worker of a split pair (entry_engine.py: the small model, served
+to the frontend; peer_worker.py: the large model, a peer endpoint only).
+
+The subserver is built exactly as a Triton subserver on its own server is (model_kinds.py): the
+runtime's ``build_subserver`` with a ``PlacedTransport`` whose every peer is a ``PeerLink``; only the
+link's channel differs (dynamo_channel.py: Dynamo's worker-to-worker call instead of Triton's gRPC
+stream). Each worker serves:
+
+- ``<namespace>.<model>.peer``: the receiving end of the other workers' links (peer_sessions.py);
+- ``<namespace>.<model>.stats``: its instance id, KV blocks in use, requests held, tokens computed (and
+  at the entry, the peer instances linked and the requests pinned to each): tests and operators read a
+  worker's load there.
+
+The entry reaches each peer model's pool of instances through pinned_transport.py (a link per
+instance, each request pinned to one); a peer reaches the one entry worker through a PlacedTransport.
+
+The deployment's secret (pair_secret.py) signs every link call; each worker's view of the deployment
+(placement.describe) must equal its peers' or their hellos are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from ..config import TokenRouterConfig, load_config
+from ..engine.factory import create_engine
+from ..placement import describe
+from ..runtime.assembly import build_policy, build_subserver, effective_max_model_len, kv_capacity
+from ..runtime.strategies import MULTI_PROCESS, make_strategy
+from ..runtime.subserver import Subserver
+from ..runtime.transport import InProcessTransport
+from ..serving.pair_secret import pair_secret
+from ..serving.subserver.peer_link import PeerLink
+from ..serving.subserver.peer_sessions import PeerSessions
+from ..serving.subserver.placed_transport import PlacedTransport
+from ..serving.subserver.sending_session import CONNECTING
+from .dynamo_channel import OriginSessions, SessionsFor, direct_opener, peer_handler
+from .pinned_transport import PinnedTransport
+
+log = logging.getLogger(__name__)
+PEER_ENDPOINT, STATS_ENDPOINT = "peer", "stats"
+WATCH_PERIOD_S = 0.5  # how often the entry looks for instances that joined or left a pool
+
+
+def endpoint_path(namespace: str, model: str, endpoint: str) -> str:
+    return f"{namespace}.{model}.{endpoint}"
+
+
+class PoolMember:
+    def __init__(self, config: TokenRouterConfig, name: str, subserver: Subserver,
+                 transport: PlacedTransport | PinnedTransport) -> None:
+        self.config, self.name, self.subserver, self.transport = config, name, subserver, transport
+        self._loop = asyncio.get_running_loop()
+        self._served: list[asyncio.Future] = []
+        self.instance: int | None = None  # this worker's instance id (its peers' clients address it so)
+
+    @classmethod
+    async def start(cls, config_path: str | Path, name: str, runtime: Any, namespace: str,
+                    on_death: Callable[[], None]) -> "PoolMember":
+        """Builds model ``name``'s subserver, serves its endpoints, links it to the other models' workers
+        and starts its loop. ``on_death()``: the loop died (the worker should exit)."""
+        config = load_config(config_path)
+        if name not in config.models:
+            raise ValueError(f"model '{name}' is not in the config's models {config.model_names}")
+        if config.scheduling.strategy not in MULTI_PROCESS:
+            raise ValueError(f"strategy '{config.scheduling.strategy}' needs all models in one process; a split "
+                             f"pair runs one of {', '.join(MULTI_PROCESS)}")
+        secret = pair_secret()  # before the weights load: a worker without it says so at once
+        loop = asyncio.get_running_loop()
+        # Loading weights: off the event loop, which serves Dynamo's runtime meanwhile.
+        engine = await loop.run_in_executor(None, lambda: create_engine(name, config.models[name], owns_process=True))
+        is_entry = name == config.entry
+        # The entry reaches a pool of instances per peer model; a peer reaches the one entry.
+        transport: PlacedTransport | PinnedTransport = (
+            PinnedTransport(on_lost=lambda rid, error: subserver.fail(rid, error)) if is_entry
+            else PlacedTransport(InProcessTransport()))  # (every peer is a link: nothing stays in-process)
+        subserver = build_subserver(config, name, engine, build_policy(config), transport,
+                                    make_strategy(config.scheduling.strategy, len(config.models)),
+                                    max_model_len=effective_max_model_len(config, [engine.max_model_len]),
+                                    capacities={n: kv_capacity(spec) for n, spec in config.models.items()})
+        member = cls(config, name, subserver, transport)
+        view = describe(config, [name])
+        others = [peer for peer in config.model_names if peer != name]
+        peer_endpoint = runtime.endpoint(endpoint_path(namespace, name, PEER_ENDPOINT))
+        member._serve(peer_endpoint, peer_handler(member._receiving(secret, view, others), subserver.deliver))
+        member._serve(runtime.endpoint(endpoint_path(namespace, name, STATS_ENDPOINT)), member._answer_stats)
+        origin = member.instance = peer_endpoint.connection_id()
+        for peer in others:
+            path = endpoint_path(namespace, peer, PEER_ENDPOINT)
+            client = await runtime.endpoint(path).client()
+
+            def link(instance: Callable[[], int | None], address: str, on_down: Callable[[str, str], None],
+                     peer: str = peer, client: Any = client) -> PeerLink:
+                return PeerLink(name, peer, address, direct_opener(client, loop, instance, origin), secret=secret,
+                                view=view, down_after_s=config.transport.down_after_s,
+                                delay_s=config.transport.delay_ms / 1e3,
+                                on_up=lambda peer: log.info("%s: linked to %s at %s", name, peer, address),
+                                on_down=on_down, on_failure=subserver.fail)
+
+            if isinstance(transport, PinnedTransport):
+                member._served.append(asyncio.ensure_future(_watch_pool(transport, peer, client, link)))
+            else:
+                transport.add_link(link(functools.partial(_first_instance, client), path, subserver.peer_lost))
+        subserver.start(on_death=on_death)
+        return member
+
+    def _receiving(self, secret: str, view: dict[str, Any], senders: list[str]) -> SessionsFor:
+        """The receiving sessions of a call's origin. A peer has one (the entry is one worker); the entry
+        keeps one per sending instance, and a session an instance replaced ends what was pinned to it."""
+        here = f"'{self.name}' (Dynamo worker)"
+        transport = self.transport
+        if not isinstance(transport, PinnedTransport):
+            one = PeerSessions(secret, view, senders, here=here, on_session_lost=self.subserver.peer_lost)
+            return lambda origin: one
+        return OriginSessions(lambda origin: PeerSessions(
+            secret, view, senders, here=here,
+            on_session_lost=lambda sender, why: transport.instance_lost(sender, origin, why)))
+
+    def problem(self) -> str | None:
+        """Why the pair cannot serve now (a peer model with no worker linked), or None."""
+        return self.transport.problem()
+
+    async def wait_whole(self, period_s: float = 0.1) -> None:
+        """Until a link to every other model is up (the peer workers may start after this one)."""
+        told = None
+        while (problem := self.problem()) is not None or not self._linked_every_model():
+            problem = problem or "no peer instance registered yet"
+            if problem != told:
+                log.info("%s: waiting for its peers: %s", self.name, problem)
+                told = problem
+            await asyncio.sleep(period_s)
+
+    def _linked_every_model(self) -> bool:
+        if not isinstance(self.transport, PinnedTransport):
+            return True
+        return all(self.transport.instances(peer) for peer in self.config.model_names if peer != self.name)
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.subserver.stats
+        answer = {"model": self.name, "instance": self.instance, "pid": os.getpid(),
+                  "kv_blocks_used": self.subserver.engine.num_used_blocks,
+                  "requests_held": len(self.subserver.requests), "tokens_committed": stats.tokens_committed,
+                  "steps": stats.steps, "handoffs_in": stats.handoffs_in, "handoffs_out": stats.handoffs_out,
+                  "alive": self.subserver.alive}
+        if isinstance(self.transport, PinnedTransport):
+            peers = [peer for peer in self.config.model_names if peer != self.name]
+            answer["pinned"] = {peer: {str(k): v for k, v in self.transport.pinned(peer).items()} for peer in peers}
+            answer["linked"] = {peer: [str(k) for k in self.transport.linked(peer)] for peer in peers}
+        return answer
+
+    async def _answer_stats(self, request: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:
+        del request, context
+        yield self.stats()
+
+    def _serve(self, endpoint: Any, handler: Callable[..., AsyncIterator[Any]]) -> None:
+        # (Dynamo's serve_endpoint returns a future, not a coroutine)
+        self._served.append(asyncio.ensure_future(endpoint.serve_endpoint(handler)))
+
+    def close(self) -> None:
+        """From any thread (the workers call it off the event loop)."""
+        for task in self._served:  # first: the pool's watch adds no link once the transport closes
+            self._loop.call_soon_threadsafe(task.cancel)
+        self.subserver.stop()
+        self.transport.close()
+        self.subserver.engine.close()
+
+
+async def _watch_pool(transport: PinnedTransport, model: str, client: Any,
+                      link: Callable[..., PeerLink]) -> None:
+    """Keeps a link to every registered instance of ``model``: a new one gets its link at once; one
+    that left discovery loses it once its session is given up (which ended what was pinned there)."""
+    while True:
+        try:
+            registered = set(client.instance_ids())
+            known = transport.instances(model)
+            for instance in registered - set(known):
+                transport.add(model, instance, link(
+                    lambda instance=instance: instance if instance in client.instance_ids() else None,
+                    f"{model} instance {instance:x}",
+                    lambda _peer, error, instance=instance: transport.instance_lost(model, instance, error)))
+            for instance in set(known) - registered:
+                if transport.link_state(model, instance) == CONNECTING:  # (given up: nothing is pinned there)
+                    transport.remove(model, instance)
+        except Exception:  # noqa: BLE001 - a bug here must not stop the watch: the pool would freeze
+            log.exception("watching the instances of %s failed; looking again", model)
+        await asyncio.sleep(WATCH_PERIOD_S)
+
+
+def _first_instance(client: Any) -> int | None:
+    """The entry's instance (one entry worker)."""
+    ids = client.instance_ids()
+    return ids[0] if ids else None

@@ -1,0 +1,143 @@
+"""The entry's transport to a pool of peer instances: placement, pinning for a request's life, and what
+a lost or gone instance does to the requests pinned there (links faked: their own protocol is
+test_dynamo_channel.py's)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from tokenrouter.fleet.pinned_transport import PinnedTransport
+from tokenrouter.protocol import PeerMessage
+from tokenrouter.runtime.transport import PeerUnreachable
+from tokenrouter.serving.subserver.sending_session import CONNECTING, UP
+
+
+class FakeLink:
+    def __init__(self, state: str = UP) -> None:
+        self.state = state
+        self.sent: list[list[PeerMessage]] = []
+        self.closed = False
+
+    @property
+    def problem(self) -> str | None:
+        return None if self.state == UP else "not connected yet"
+
+    def send(self, messages: Sequence[PeerMessage]) -> None:
+        if self.state == CONNECTING:  # what PeerLink does while its session is down
+            if any(m.kind == "handoff" for m in messages):
+                raise PeerUnreachable(self.problem)
+            return
+        self.sent.append(list(messages))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def rids(self, kind: str) -> list[str]:
+        return [m.rid for batch in self.sent for m in batch if m.kind == kind]
+
+
+def handoff(rid: str) -> PeerMessage:
+    return PeerMessage(kind="handoff", rid=rid, sender="slm")
+
+
+def release(rid: str) -> PeerMessage:
+    return PeerMessage(kind="release", rid=rid, sender="slm")
+
+
+@pytest.fixture
+def pool() -> tuple[PinnedTransport, dict[int, FakeLink], list[tuple[str, str]]]:
+    lost: list[tuple[str, str]] = []
+    transport = PinnedTransport(on_lost=lambda rid, error: lost.append((rid, error)))
+    links = {1: FakeLink(), 2: FakeLink()}
+    for instance, link in links.items():
+        transport.add("llm", instance, link)  # type: ignore[arg-type]
+    return transport, links, lost
+
+
+def test_new_requests_go_to_the_least_pinned_instance_and_stay_there_for_life(pool):
+    transport, links, lost = pool
+    transport.send("llm", [handoff("a")])
+    transport.send("llm", [handoff("b")])
+    transport.send("llm", [handoff("c")])
+    assert transport.pinned("llm") == {1: 2, 2: 1}
+    transport.send("llm", [handoff("b"), handoff("a")])  # return visits: where the KV is
+    transport.send("llm", [release("b")])
+    assert links[1].rids("handoff") == ["a", "c", "a"] and links[2].rids("handoff") == ["b", "b"]
+    assert links[2].rids("release") == ["b"] and links[1].rids("release") == []
+    assert transport.pinned("llm") == {1: 2, 2: 0} and lost == []
+    transport.send("llm", [handoff("d")])  # the release made room: the emptier instance takes it
+    assert links[2].rids("handoff")[-1] == "d"
+
+
+def test_a_release_unpins_and_a_release_of_a_request_never_placed_goes_nowhere(pool):
+    transport, links, _ = pool
+    transport.send("llm", [handoff("a")])
+    transport.send("llm", [release("a"), release("never-here")])
+    assert transport.pinned("llm") == {1: 0, 2: 0}
+    assert [m.rid for link in links.values() for batch in link.sent for m in batch] == ["a", "a"]
+
+
+def test_messages_about_no_request_reach_every_instance_that_is_up(pool):
+    transport, links, _ = pool
+    links[3] = FakeLink(CONNECTING)
+    transport.add("llm", 3, links[3])  # type: ignore[arg-type]
+    active = PeerMessage(kind="active", rid="", sender="slm", active=4)
+    transport.send("llm", [active])
+    assert [len(links[i].sent) for i in (1, 2, 3)] == [1, 1, 0]
+
+
+def test_an_instance_that_is_not_up_takes_no_new_request(pool):
+    transport, links, lost = pool
+    links[1].state = CONNECTING
+    transport.send("llm", [handoff("a"), handoff("b")])
+    assert links[2].rids("handoff") == ["a", "b"] and links[1].sent == [] and lost == []
+
+
+def test_with_no_instance_up_a_new_request_ends_alone_and_the_rest_of_the_step_goes_out(pool):
+    transport, links, lost = pool
+    transport.send("llm", [handoff("a")])
+    links[1].state = links[2].state = CONNECTING
+    transport.send("llm", [handoff("new"), release("a")])
+    assert [rid for rid, _ in lost] == ["new"] and "no instance of model 'llm'" in lost[0][1]
+    assert transport.pinned("llm") == {1: 0, 2: 0}
+
+
+def test_a_lost_instance_ends_only_the_requests_pinned_there(pool):
+    transport, links, lost = pool
+    transport.send("llm", [handoff("a"), handoff("b"), handoff("c")])
+    assert transport.pinned("llm") == {1: 2, 2: 1}
+    transport.instance_lost("llm", 1, "model 'llm' is unreachable: no answer for 2 s")
+    assert sorted(rid for rid, _ in lost) == ["a", "c"] and all("no answer" in error for _, error in lost)
+    assert transport.pinned("llm") == {1: 0, 2: 1}
+    links[1].state = CONNECTING
+    transport.send("llm", [release("a"), release("c"), handoff("d")])  # the entry ends them; a new one comes
+    assert links[1].rids("release") == [] and links[2].rids("handoff") == ["b", "d"]
+
+
+def test_a_handoff_the_pinned_link_refuses_ends_that_request_and_not_its_neighbours(pool):
+    transport, links, lost = pool
+    transport.send("llm", [handoff("a"), handoff("b")])
+    links[1].state = CONNECTING  # its session was given up before the loss was reported
+    transport.send("llm", [handoff("a"), handoff("b")])
+    assert lost == [("a", "could not reach model 'llm': not connected yet")]
+    assert links[2].rids("handoff") == ["b", "b"] and transport.pinned("llm") == {1: 0, 2: 1}
+
+
+def test_a_request_pinned_to_an_instance_that_left_ends_with_an_error(pool):
+    transport, links, lost = pool
+    transport.send("llm", [handoff("a")])
+    transport.remove("llm", 1)
+    assert links[1].closed and transport.instances("llm") == [2]
+    transport.send("llm", [handoff("a")])
+    assert [rid for rid, _ in lost] == ["a"] and "is gone" in lost[0][1] and links[2].sent == []
+
+
+def test_a_model_with_no_instance_up_is_the_problem_and_one_up_is_enough(pool):
+    transport, links, _ = pool
+    assert transport.problem() is None
+    links[1].state = CONNECTING
+    assert transport.problem() is None
+    links[2].state = CONNECTING
+    assert "no instance of model 'llm' is linked" in (transport.problem() or "")
