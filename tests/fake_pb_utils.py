@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterable, Mapping, final
 import numpy as np
 
 from tokenrouter.serving import triton_api
+from tokenrouter.serving.subserver.peer_sessions import HELLO_PARAMETER, LINK_PARAMETER, PeerSessions, link_parameter
+from tokenrouter.serving.subserver.peer_sessions import link_secret_parameters
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -179,6 +181,20 @@ class FakeSubserver:
 
     def cancel(self, rid: str) -> None:
         self.cancelled.append(rid)
+
+
+def peer_sessions(secrets: Mapping[str, str] | None = None) -> PeerSessions:
+    """An intake's receiving end of its peers' links, with a session of each sender in ``secrets``
+    (by that secret, epoch "e") open: its batch 1 is the next (``link_call_parameters``). None: no peers."""
+    sessions = PeerSessions({}, secrets or {}, here="'slm'", on_session_lost=lambda sender, why: None)
+    for sender, secret in (secrets or {}).items():
+        sessions.take({**link_call_parameters(sender, secret, 0), HELLO_PARAMETER: "{}"}, list)
+    return sessions
+
+
+def link_call_parameters(sender: str, secret: str, number: int = 1) -> dict[str, str]:
+    """The parameters of link call ``number`` of ``sender``'s session "e", with ``secret``."""
+    return {**link_secret_parameters(secret), LINK_PARAMETER: link_parameter(sender, "e", number)}
 
 
 @final

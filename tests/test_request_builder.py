@@ -15,6 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from fake_pb_utils import peer_sessions
+
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.request_builder import DEFAULT_MAX_TOKENS, TENSORRT_LLM_SAMPLING_DEFAULTS, build_spec
 from tokenrouter.runtime.api import TokenRouter
@@ -51,7 +53,7 @@ def test_an_entry_request_without_sampling_inputs_gets_the_same_max_tokens() -> 
     inputs = {"input_ids": np.array([[5, 6, 7]], dtype=np.int32)}
     pb = SimpleNamespace(get_input_tensor_by_name=lambda request, name: (
         SimpleNamespace(as_numpy=lambda: inputs[name]) if name in inputs else None))
-    intake = SubserverIntake(pb, subserver=None, writer=None, names=["slm"], secret="s")
+    intake = SubserverIntake(pb, subserver=None, writer=None, names=["slm"], secret="s", sessions=peer_sessions())
     spec = intake._spec(object(), prompt_len=3)
     assert spec.max_tokens == DEFAULT_MAX_TOKENS
     assert (spec.temperature, spec.top_p, spec.top_k) == (SPEC_DEFAULTS.temperature, SPEC_DEFAULTS.top_p,

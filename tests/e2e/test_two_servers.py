@@ -24,9 +24,9 @@ from tokenrouter.client import GrpcStream, inputs
 from tokenrouter.config import TokenRouterConfig, load_config
 from tokenrouter.launch.triton_install import find_triton
 from tokenrouter.launch.triton_server import Ports, TritonServer
-from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, PAIR_SECRET_FILE_ENV, PAIR_SECRET_PARAMETER
+from tokenrouter.serving.pair_secret import PAIR_SECRET_ENV, PAIR_SECRET_FILE_ENV
 from tokenrouter.serving.schema import PEER_INPUT
-from tokenrouter.serving.subserver.peer_sessions import LINK_PARAMETER
+from tokenrouter.serving.subserver.peer_sessions import LINK_PARAMETER, LINK_SECRET_PARAMETER
 
 from tokenrouter_tools.bench.placed import LoopbackNodes, free_ports, on_loopback
 
@@ -201,14 +201,14 @@ def test_a_link_call_without_the_pair_secret_is_refused_and_counted(deployment):
     payload = grpcclient.InferInput(PEER_INPUT, [1, 1], "BYTES")
     payload.set_data_from_numpy(np.array([[b'[{"kind": "release", "rid": "x", "sender": "slm"}]']], dtype=np.object_))
     for parameters in ({LINK_PARAMETER: "slm/forged/0"},
-                       {LINK_PARAMETER: "slm/forged/1", PAIR_SECRET_PARAMETER: "a-guessed-secret-of-some-length"}):
+                       {LINK_PARAMETER: "slm/forged/1", LINK_SECRET_PARAMETER: "a-guessed-secret-of-some-length"}):
         answers: queue.Queue = queue.Queue()
         with grpcclient.InferenceServerClient(large.grpc_url) as client:
             client.start_stream(callback=lambda result, error: answers.put(error))
             client.async_stream_infer("llm", [payload], parameters=parameters, enable_empty_final_response=True)
             error = answers.get(timeout=10)
             client.stop_stream()
-        assert error is not None and "without the pair secret; refused" in str(error)
+        assert error is not None and "without its secret; refused" in str(error)
     deadline = time.monotonic() + 5
     while metrics(large).get('tokenrouter_refused_peer_calls_total{model="llm"}', 0) < before + 2:
         assert time.monotonic() < deadline

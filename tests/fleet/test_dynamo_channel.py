@@ -16,9 +16,8 @@ import pytest
 
 from tokenrouter.fleet.dynamo_channel import OriginSessions, answer_call, direct_opener, peer_handler
 from tokenrouter.protocol import PeerMessage
-from tokenrouter.runtime.transport import PeerUnreachable
 from tokenrouter.serving.subserver.peer_link import PeerLink
-from tokenrouter.serving.subserver.peer_sessions import LINK_PARAMETER, PeerSessions
+from tokenrouter.serving.subserver.peer_sessions import LINK_PARAMETER, LINK_SECRET_PARAMETER, PeerSessions
 from tokenrouter.serving.subserver.sending_session import UP
 
 SECRET = "s" * 32
@@ -66,7 +65,7 @@ class Receiver:
     def __init__(self, secret: str = SECRET) -> None:
         self.applied: list[PeerMessage] = []
         self.lost: list[str] = []
-        self.sessions = PeerSessions(secret, VIEW, ["a"], here="'b'", on_session_lost=lambda s, w: self.lost.append(s))
+        self.sessions = PeerSessions(VIEW, {"a": secret}, here="'b'", on_session_lost=lambda s, w: self.lost.append(s))
 
 
 @pytest.fixture
@@ -85,7 +84,7 @@ def link_to(client: FakeDynamoClient, loop: asyncio.AbstractEventLoop, down: lis
     return PeerLink("a", "b", "tokenrouter.b.peer",
                     direct_opener(client, loop, lambda: next(iter(client.instance_ids()), None), ORIGIN),
                     secret=secret, view=VIEW, down_after_s=1.0, on_up=lambda peer: None,
-                    on_down=lambda peer, error: down.append(error), on_failure=lambda rid, error: None)
+                    on_down=lambda peer, error: down.append(error))
 
 
 def progress(i: int) -> PeerMessage:
@@ -121,12 +120,13 @@ def test_calls_that_overtake_each_other_are_applied_once_and_in_order(loop):
 def test_a_call_without_the_secret_is_refused_and_nothing_is_applied(loop):
     receiver = Receiver(secret="t" * 32)
     client = FakeDynamoClient(receiver)
-    link = link_to(client, loop, [])
+    down: list[str] = []
+    link = link_to(client, loop, down)
     try:
         wait_for(lambda: "refused" in (link.problem or ""))  # (the refusal's answer comes back on the link's thread)
         assert link.state != UP
-        with pytest.raises(PeerUnreachable):
-            link.send([PeerMessage(kind="handoff", rid="h0", sender="a", tokens=[1], origins=[0])])
+        link.send([PeerMessage(kind="handoff", rid="h0", sender="a", tokens=[1], origins=[0])])
+        assert len(down) == 1 and "refused" in down[0]  # a handoff while refused loses the peer at once
         assert receiver.applied == []
     finally:
         link.close()
@@ -171,10 +171,10 @@ def test_a_malformed_call_is_answered_with_an_error_and_applies_nothing(call):
 def test_a_batch_with_a_bad_payload_is_refused_after_a_good_hello():
     receiver = Receiver()
     hello = {"number": 0, "payload": "[]",
-             "parameters": {"tokenrouter_pair_secret": SECRET, LINK_PARAMETER: "a/e1/0",
+             "parameters": {LINK_SECRET_PARAMETER: SECRET, LINK_PARAMETER: "a/e1/0",
                             "tokenrouter_link_hello": '{"models": ["a", "b"]}'}}
     assert answer_call(lambda origin: receiver.sessions, receiver.applied.append, hello) == {"number": 0}
-    bad = {"number": 1, "payload": "{not a list", "parameters": {"tokenrouter_pair_secret": SECRET,
+    bad = {"number": 1, "payload": "{not a list", "parameters": {LINK_SECRET_PARAMETER: SECRET,
                                                                   LINK_PARAMETER: "a/e1/1"}}
     answer = answer_call(lambda origin: receiver.sessions, receiver.applied.append, bad)
     assert answer["number"] == 1 and answer["error"] and receiver.applied == []
@@ -182,14 +182,14 @@ def test_a_batch_with_a_bad_payload_is_refused_after_a_good_hello():
 
 def hello_from(origin: Any, epoch: str) -> dict[str, Any]:
     return {"number": 0, "payload": "[]", "origin": origin,
-            "parameters": {"tokenrouter_pair_secret": SECRET, LINK_PARAMETER: f"a/{epoch}/0",
+            "parameters": {LINK_SECRET_PARAMETER: SECRET, LINK_PARAMETER: f"a/{epoch}/0",
                            "tokenrouter_link_hello": '{"models": ["a", "b"]}'}}
 
 
 def batch_from(origin: int, epoch: str, number: int, rid: str) -> dict[str, Any]:
     payload = f"[{PeerMessage(kind='progress', rid=rid, sender='a').to_json()}]"
     return {"number": number, "payload": payload, "origin": origin,
-            "parameters": {"tokenrouter_pair_secret": SECRET, LINK_PARAMETER: f"a/{epoch}/{number}"}}
+            "parameters": {LINK_SECRET_PARAMETER: SECRET, LINK_PARAMETER: f"a/{epoch}/{number}"}}
 
 
 def test_each_sending_instance_has_its_own_session_and_only_its_replacement_is_reported():
@@ -198,7 +198,7 @@ def test_each_sending_instance_has_its_own_session_and_only_its_replacement_is_r
     lost: list[tuple[int, str]] = []
     applied: list[PeerMessage] = []
     sessions = OriginSessions(lambda origin: PeerSessions(
-        SECRET, VIEW, ["a"], here="b", on_session_lost=lambda sender, why: lost.append((origin, sender))))
+        VIEW, {"a": SECRET}, here="b", on_session_lost=lambda sender, why: lost.append((origin, sender))))
     for origin in (1, 2):
         assert answer_call(sessions, applied.append, hello_from(origin, f"e{origin}")) == {"number": 0}
     assert answer_call(sessions, applied.append, batch_from(1, "e1", 1, "r1")) == {"number": 1}
@@ -211,7 +211,7 @@ def test_each_sending_instance_has_its_own_session_and_only_its_replacement_is_r
 @pytest.mark.parametrize("origin", [None, "1", True])
 def test_a_call_without_its_origin_is_refused_where_origins_are_told_apart(origin):
     applied: list[PeerMessage] = []
-    sessions = OriginSessions(lambda origin: PeerSessions(SECRET, VIEW, ["a"], here="b",
+    sessions = OriginSessions(lambda origin: PeerSessions(VIEW, {"a": SECRET}, here="b",
                                                           on_session_lost=lambda sender, why: None))
     answer = answer_call(sessions, applied.append, hello_from(origin, "e1"))
     assert "origin" in answer["error"] and applied == []

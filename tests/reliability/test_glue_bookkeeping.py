@@ -14,17 +14,19 @@ import time
 import numpy as np
 import pytest
 
-from fake_pb_utils import Faults, FakeRequest, FakeSubserver, error_of, fake_pb
+from fake_pb_utils import Faults, FakeRequest, FakeSubserver, error_of, fake_pb, link_call_parameters, peer_sessions
 
 from tokenrouter.protocol import PeerMessage, encode_batch
 from tokenrouter.runtime.admission import ServerBusy
 from tokenrouter.request_builder import RequestError
 from tokenrouter.serving.control import ControlCall
 from tokenrouter.serving.subserver.intake import SubserverIntake
+from tokenrouter.serving.subserver.peer_sessions import LINK_SECRET_PARAMETER
 from tokenrouter.serving.peer_auth import front_request_parameters, peer_parameters
 from tokenrouter.serving.subserver.subserver_writer import SubserverWriter
 
 SECRET = "s3cret"
+PEERS = {"llm": SECRET}  # the intake's peer: a model of the same server
 POLL_S = 0.02  # cancellation polls: often, so a sender polled after its final answer shows quickly
 EXCEPTIONS = [RequestError, ServerBusy, ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError,
               OverflowError, MemoryError, UnicodeDecodeError, Exception]
@@ -48,9 +50,14 @@ def front_request(faults: Faults) -> FakeRequest:
 
 
 def peer_request(faults: Faults, secret: str | None = SECRET) -> FakeRequest:
-    """A peer message carrying ``secret`` (None: no secret parameter at all)."""
+    """A peer message (the first batch of llm's link session) carrying ``secret`` (None: no secret
+    parameter at all)."""
     payload = encode_batch([PeerMessage(kind="release", rid="slm-1", sender="llm")])
-    parameters = {} if secret is None else peer_parameters(secret)
+    parameters = link_call_parameters("llm", SECRET)
+    if secret is None:
+        parameters.pop(LINK_SECRET_PARAMETER)
+    else:
+        parameters[LINK_SECRET_PARAMETER] = secret
     return FakeRequest({"peer_message": np.array([[payload]], dtype=np.object_)}, parameters, faults)
 
 
@@ -67,7 +74,7 @@ def _run_once(make_request, at: int, kind: type[BaseException]) -> tuple[Faults,
     writer = SubserverWriter(pb, subserver, cancel_poll_s=POLL_S)
     request = make_request(faults)
     try:
-        SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
+        SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET, sessions=peer_sessions(PEERS)).execute([request])
         for sink in subserver.sinks:  # what the subserver owns, it answers later
             sink.on_output([7], [0], "length")
         deadline = time.monotonic() + 2
@@ -122,7 +129,7 @@ def test_a_front_request_that_fails_is_answered_as_data() -> None:
         writer = SubserverWriter(pb, subserver, cancel_poll_s=POLL_S)
         request = make_request(faults)
         try:
-            SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
+            SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET, sessions=peer_sessions()).execute([request])
         finally:
             writer.close()
         final, = request.sender.finals
@@ -154,8 +161,8 @@ def test_a_peer_message_without_the_secret_is_refused_counted_and_not_delivered(
     writer = SubserverWriter(pb, subserver)
     request = peer_request(faults, secret)
     try:
-        SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET,
-                        on_refused_peer_call=lambda: refused.append(1)).execute([request])
+        SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET, on_refused_peer_call=lambda: refused.append(1),
+                        sessions=peer_sessions(PEERS)).execute([request])
     finally:
         writer.close()
     assert not subserver.delivered and refused == [1]
@@ -173,7 +180,7 @@ def _intake_calls(*make_requests) -> tuple[FakeSubserver, list[FakeRequest], lis
     requests = [make(faults) for make in make_requests]
     try:
         intake = SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET,
-                                 on_refused_peer_call=lambda: refused.append(1))
+                                 on_refused_peer_call=lambda: refused.append(1), sessions=peer_sessions(PEERS))
         for request in requests:
             intake.execute([request])
     finally:
@@ -209,7 +216,7 @@ def test_a_peer_batch_is_never_read_as_a_control_call() -> None:
     input makes a control call."""
     def old_cancel(faults: Faults) -> FakeRequest:
         request = peer_request(faults)
-        request._parameters = {**peer_parameters(SECRET), "tokenrouter_control": "cancel",
+        request._parameters = {**link_call_parameters("llm", SECRET), "tokenrouter_control": "cancel",
                                "tokenrouter_cancel_keys": "key-1"}
         return request
 
@@ -225,7 +232,7 @@ def test_a_client_request_to_a_model_that_is_not_the_entry_is_a_clear_invalid_ar
     writer = SubserverWriter(pb, subserver)
     request = client_request(faults)
     try:
-        SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET).execute([request])
+        SubserverIntake(pb, subserver, writer, ["slm", "llm"], SECRET, sessions=peer_sessions()).execute([request])
     finally:
         writer.close()
     message, code = error_of(request.sender.finals[0])

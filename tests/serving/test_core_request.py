@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fake_pb_utils import FakeRequest, fake_pb
+from fake_pb_utils import FakeRequest, fake_pb, peer_sessions
 from helpers.generation import changes
 
 from tokenrouter.protocol import RequestSpec
@@ -191,7 +191,8 @@ def test_end_id_minus_one_means_no_end_id_and_the_entry_reads_it_so(text: TextIn
     [generation] = parse_core_request(core_inputs(end_id=-1), text, decoupled=True)
     assert generation.spec.end_ids == [-1]
     entry = FakeRequest(generation.entry_inputs(), {})
-    intake = SubserverIntake(fake_pb(), subserver=None, writer=None, names=["slm"], secret="s")
+    intake = SubserverIntake(fake_pb(), subserver=None, writer=None, names=["slm"], secret="s",
+                             sessions=peer_sessions())
     assert intake._spec(entry, prompt_len=len(PROMPT)) == generation.spec
 
 

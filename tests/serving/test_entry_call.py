@@ -15,7 +15,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from fake_pb_utils import BlsCall, EntryResponse, FakeRequest, FakeSender, FakeSubserver, TritonError, fake_pb
+from fake_pb_utils import (BlsCall, EntryResponse, FakeRequest, FakeSender, FakeSubserver, TritonError, fake_pb,
+                           peer_sessions)
 
 from tokenrouter.protocol import RequestSpec
 from tokenrouter.request_builder import RequestError
@@ -41,7 +42,8 @@ class Entry:
         self.pb = fake_pb()
         self.subserver = FakeSubserver(on_submit=on_submit)
         self.writer = SubserverWriter(self.pb, self.subserver, cancel_poll_s=0.01)
-        self.intake = SubserverIntake(self.pb, self.subserver, self.writer, ["slm", "llm"], SECRET)
+        self.intake = SubserverIntake(self.pb, self.subserver, self.writer, ["slm", "llm"], SECRET,
+                                      sessions=peer_sessions())
         self.answered: list[list[EntryResponse]] = []  # each call's responses
 
     def answer(self, call: BlsCall) -> list[EntryResponse]:

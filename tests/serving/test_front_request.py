@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fake_pb_utils import FakeRequest, fake_pb
+from fake_pb_utils import FakeRequest, fake_pb, peer_sessions
 from helpers.generation import changes
 
 from tokenrouter.request_builder import RequestError
@@ -179,7 +179,8 @@ def test_the_entry_reads_back_the_request_the_front_built(text: TextInputs) -> N
     assert [g.spec.seed for g in generations] == [SEED_RANGE - 1, 0]  # sequence i: seed + i, wrapped
     for generation in generations:
         entry = FakeRequest(generation.entry_inputs(), {})
-        intake = SubserverIntake(fake_pb(), subserver=None, writer=None, names=["slm"], secret="s")
+        intake = SubserverIntake(fake_pb(), subserver=None, writer=None, names=["slm"], secret="s",
+                                 sessions=peer_sessions())
         assert intake._spec(entry, prompt_len=len(generation.prompt_ids)) == generation.spec
         assert intake._flat(entry, "input_ids") == generation.prompt_ids
         assert intake._scalar(entry, "stream", None) is True

@@ -10,7 +10,7 @@ import pytest
 
 from tokenrouter.protocol import PeerMessage, decode_batch
 from tokenrouter.serving.subserver.peer_sessions import LinkRefused, PeerSessions
-from tokenrouter.serving.subserver.sending_session import CONNECTING, RECONNECTING, UP, SendingSession
+from tokenrouter.serving.subserver.sending_session import CONNECTING, RECONNECTING, UP, Pacing, SendingSession
 
 SECRET = "s" * 32
 VIEW = {"models": ["a", "b"]}
@@ -37,7 +37,7 @@ class FakePeer:
 
     def __init__(self) -> None:
         self.lost: list[str] = []
-        self.receiver = PeerSessions(SECRET, VIEW, ["a"], here="'b'",
+        self.receiver = PeerSessions(VIEW, {"a": SECRET}, here="'b'",
                                      on_session_lost=lambda sender, why: self.lost.append(sender))
         self.applied: list[int] = []
         self.channels: list[FakeChannel] = []
@@ -73,7 +73,6 @@ class Calls:
     def __init__(self) -> None:
         self.up: list[str] = []
         self.down: list[tuple[str, str]] = []
-        self.failed: list[str] = []
 
 
 def message(i: int, kind: str = "progress") -> PeerMessage:
@@ -81,12 +80,17 @@ def message(i: int, kind: str = "progress") -> PeerMessage:
     return PeerMessage(kind=kind, rid=f"{'h' if kind == 'handoff' else 'r'}{i}", sender="a", tokens=[i], origins=[0])
 
 
-def up_session() -> tuple[SendingSession, FakePeer, Calls]:
-    """A session that said hello to a fresh peer and is up; the peer; what the session called back."""
+def new_session(pacing: Pacing = Pacing()) -> tuple[SendingSession, FakePeer, Calls]:
     peer, calls = FakePeer(), Calls()
     session = SendingSession("a", "b", "peer:1", peer.open, secret=SECRET, view=VIEW, down_after_s=DOWN_AFTER_S,
                              on_up=calls.up.append, on_down=lambda p, error: calls.down.append((p, error)),
-                             on_failure=lambda rid, error: calls.failed.append(rid))
+                             pacing=pacing)
+    return session, peer, calls
+
+
+def up_session(pacing: Pacing = Pacing()) -> tuple[SendingSession, FakePeer, Calls]:
+    """A session that said hello to a fresh peer and is up; the peer; what the session called back."""
+    session, peer, calls = new_session(pacing)
     session.tick(0.0)  # opens a stream and says hello
     peer.deliver(session, 0.0)
     assert session.state == UP and calls.up == ["b"]
@@ -143,17 +147,21 @@ def test_a_peer_that_answers_nothing_is_given_up_after_down_after_s_and_not_befo
     session.queued(session.epoch, 1.0, [message(0)])
     session.tick(1.0)
     peer.channels[-1].calls.clear()  # silence: no delivery, no answer
-    session.queued(session.epoch, 9.0, [message(1, "handoff")])  # held (a delay): fails when the session goes
+    old_epoch = session.epoch
+    session.queued(old_epoch, 9.0, [message(1, "handoff")])  # held (a delay): dropped when the session goes
     session.tick(1.0 + DOWN_AFTER_S)
     assert calls.down == [] and session.state == UP
     session.tick(1.0 + DOWN_AFTER_S + 0.01)
-    assert session.state == CONNECTING and len(calls.down) == 1
+    assert session.state == CONNECTING and len(calls.down) == 1  # the one consequence: the peer is lost
     assert calls.down[0][0] == "b" and "model 'b' at peer:1 is unreachable: no answer for 1 s" in calls.down[0][1]
-    assert calls.failed == ["h1"] and peer.channels[-1].closed
-    assert "not connected" in session.unreachable()
-    old_epoch = session.epoch
-    session.queued(old_epoch, 2.1, [message(2, "handoff")])  # queued before it went: fails, never shipped
-    assert calls.failed == ["h1", "h2"]
+    assert peer.channels[-1].closed and "not connected" in session.unreachable()
+    session.queued(old_epoch, 2.1, [message(2, "handoff")])  # queued before it went: that loss ended its request
+    assert len(calls.down) == 1
+    session.tick(5.0)
+    peer.deliver(session, 5.0)
+    session.tick(9.5)
+    peer.deliver(session, 9.5)
+    assert session.state == UP and peer.applied == []  # nothing of the lost session goes in the new one
 
 
 def test_a_lost_session_comes_back_as_a_new_one_and_the_peer_gives_up_the_old():
@@ -207,3 +215,52 @@ def test_a_stale_streams_break_or_an_old_sessions_answer_changes_nothing():
     assert session.state == UP
     peer.deliver(session, 0.2)
     assert peer.applied == [0]
+
+
+def test_with_one_call_in_flight_what_is_queued_meanwhile_goes_in_the_next_call_once_answered():
+    session, peer, calls = up_session(Pacing(in_flight=1))
+    queue_batches(session, 0, 4, 0.1)  # the first goes; the other three wait for its answer
+    assert [number for number, _, _ in peer.channels[-1].calls] == [1]
+    assert session.next_wakeup(0.1) == pytest.approx(0.1 + DOWN_AFTER_S)  # no heartbeat while one is out
+    session.tick(0.5)
+    assert len(peer.channels[-1].calls) == 1
+    peer.deliver(session, 0.5)
+    session.tick(0.5)
+    (number, payload, _), = peer.channels[-1].calls
+    assert number == 2 and [m.tokens[0] for m in decode_batch(payload)] == [1, 2, 3]
+    peer.deliver(session, 0.5)
+    assert peer.applied == [0, 1, 2, 3] and calls.down == []
+
+
+def test_held_while_connecting_messages_go_once_up_and_the_peer_is_lost_after_down_after_s():
+    session, peer, calls = new_session(Pacing(hold_while_connecting=True))
+    session.queued(session.epoch, 0.0, [message(0, "handoff")])
+    session.tick(0.0)  # hello out, not answered yet
+    assert session.state == CONNECTING and calls.down == []
+    peer.deliver(session, 0.1)
+    session.tick(0.1)
+    peer.deliver(session, 0.1)
+    assert peer.applied == [0] and calls.down == []
+    held, held_peer, calls = new_session(Pacing(hold_while_connecting=True))
+    held.queued(held.epoch, 0.0, [message(1, "handoff"), message(2)])
+    held.tick(DOWN_AFTER_S)
+    assert calls.down == [] and held.next_wakeup(DOWN_AFTER_S) <= DOWN_AFTER_S + 0.05
+    held.tick(DOWN_AFTER_S + 0.01)
+    (peer_name, error), = calls.down
+    assert peer_name == "b" and "model 'b' at peer:1 is unreachable" in error and "messages waited 1 s" in error
+    held.tick(5.0)
+    held_peer.deliver(held, 5.0)
+    held.tick(5.0)
+    held_peer.deliver(held, 5.0)
+    assert held.state == UP and held_peer.applied == []  # what was held went with the peer
+
+
+@pytest.mark.parametrize("max_retry_s", [0.1, 2.0])
+def test_a_refused_hello_is_asked_again_after_the_pacings_longest_wait(max_retry_s):
+    session, peer, calls = new_session(Pacing(max_retry_s=max_retry_s))
+    session.tick(0.0)
+    session.answered(session.epoch, None, "Model 'b' is not ready", 0.0)
+    session.tick(max_retry_s - 0.01)
+    assert len(peer.channels) == 1
+    session.tick(max_retry_s)
+    assert len(peer.channels) == 2

@@ -34,7 +34,6 @@ from ..placement import describe
 from ..runtime.assembly import build_policy, build_subserver, effective_max_model_len, kv_capacity
 from ..runtime.strategies import MULTI_PROCESS, make_strategy
 from ..runtime.subserver import Subserver
-from ..runtime.transport import InProcessTransport
 from ..serving.pair_secret import pair_secret
 from ..serving.subserver.peer_link import PeerLink
 from ..serving.subserver.peer_sessions import PeerSessions
@@ -79,7 +78,7 @@ class PoolMember:
         # The entry reaches a pool of instances per peer model; a peer reaches the one entry.
         transport: PlacedTransport | PinnedTransport = (
             PinnedTransport(on_lost=lambda rid, error: subserver.fail(rid, error)) if is_entry
-            else PlacedTransport(InProcessTransport()))  # (every peer is a link: nothing stays in-process)
+            else PlacedTransport())
         subserver = build_subserver(config, name, engine, build_policy(config), transport,
                                     make_strategy(config.scheduling.strategy, len(config.models)),
                                     max_model_len=effective_max_model_len(config, [engine.max_model_len]),
@@ -101,12 +100,13 @@ class PoolMember:
                                 view=view, down_after_s=config.transport.down_after_s,
                                 delay_s=config.transport.delay_ms / 1e3,
                                 on_up=lambda peer: log.info("%s: linked to %s at %s", name, peer, address),
-                                on_down=on_down, on_failure=subserver.fail)
+                                on_down=on_down)
 
             if isinstance(transport, PinnedTransport):
                 member._served.append(asyncio.ensure_future(_watch_pool(transport, peer, client, link)))
             else:
-                transport.add_link(link(functools.partial(_first_instance, client), path, subserver.peer_lost))
+                transport.add_link(link(functools.partial(_first_instance, client), path, subserver.peer_lost),
+                                   remote=True)
         subserver.start(on_death=on_death)
         return member
 
@@ -115,11 +115,12 @@ class PoolMember:
         keeps one per sending instance, and a session an instance replaced ends what was pinned to it."""
         here = f"'{self.name}' (Dynamo worker)"
         transport = self.transport
+        secrets = {sender: secret for sender in senders}
         if not isinstance(transport, PinnedTransport):
-            one = PeerSessions(secret, view, senders, here=here, on_session_lost=self.subserver.peer_lost)
+            one = PeerSessions(view, secrets, here=here, on_session_lost=self.subserver.peer_lost)
             return lambda origin: one
         return OriginSessions(lambda origin: PeerSessions(
-            secret, view, senders, here=here,
+            view, secrets, here=here,
             on_session_lost=lambda sender, why: transport.instance_lost(sender, origin, why)))
 
     def problem(self) -> str | None:

@@ -1,9 +1,9 @@
 """How peer messages reach another subserver. One interface; the decoding loop never waits on it.
 
 In-process (embedded API): straight into the peer's inbox, through the same JSON encoding the
-Triton transports use, so policy state that would not survive a process boundary fails here too.
-Triton (BLS, between the models of one server) and gRPC (between Triton servers, one stream per
-peer) transports live in ``tokenrouter.serving.subserver``.
+Triton transport uses, so policy state that would not survive a process boundary fails here too.
+Under Triton, one transport (``tokenrouter.serving.subserver.placed_transport``: a session per peer
+over a BLS channel in one server, Triton's gRPC stream between servers) carries them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def send(self, peer: str, messages: Sequence[PeerMessage]) -> None:
         """Queue ``messages`` for ``peer``, in order and together (a step's messages to one peer:
-        one BLS call between processes); must not block on the peer's compute."""
+        one call between processes); must not block on the peer's compute."""
 
     def close(self) -> None:
         """Flush and stop background senders, if any."""

@@ -32,14 +32,14 @@ subserver/  the python_router backend's stubs (one per model: ``slm``, ``llm``, 
     output_chunk.py     OutputChunk         one response's output as SUBSERVER_OUTPUTS tensors
     triton_sink.py      TritonSink          the runtime's client sink: output events -> chunks
     tracked_requests.py TrackedRequests     the senders being answered; the keys fronts named them by
-    bls_transport.py    BlsTransport        peer messages to the other subservers of this server by BLS
-    placed_transport.py PlacedTransport     peers here by BLS, peers on other servers by their link
-    peer_link.py        PeerLink            one direction to a peer on another server: its thread, which
-                                            drives the sending session over a stream
+    placed_transport.py PlacedTransport     the subserver's transport: a peer link per peer model
+    peer_link.py        PeerLink            one direction to a peer model: its thread, which drives the
+                                            sending session over a channel
     sending_session.py  SendingSession      the session protocol's sending end, thread-free: numbered
                                             batches, resend, heartbeat, reconnect, give-up; ``Channel``
     peer_sessions.py    PeerSessions        the receiving end of those links: each batch applied once, in order
-    grpc_channel.py     TritonStream        a link's stream: Triton's ModelStreamInfer into the peer model
+    bls_channel.py      BlsChannel          a link's channel in this server: BLS calls into the peer model
+    grpc_channel.py     TritonStream        a link's channel to another server: Triton's ModelStreamInfer
     metrics.py          SubserverMetrics    custom metric families on Triton's metrics port
     trt_llm_metrics.py  TrtLlmMetrics       TensorRT-LLM's nv_trt_llm_* families
 

@@ -9,23 +9,20 @@ of a deployment over several servers, the same value on each, and never on a com
   into a private file before it starts tritonserver, so that no stub and nothing a stub starts has
   it in its environment.
 
-A link call (peer_sessions.py) carries it as a request parameter; without it the peer refuses. It
+A link call between servers (peer_sessions.py) carries it as a request parameter; without it the peer refuses. It
 travels in every call in clear text: between hosts, put the servers' gRPC ports on a trusted network
 or an encrypted tunnel (docs/deploy.md).
 """
 
 from __future__ import annotations
 
-import hmac
 import os
 from pathlib import Path
-from typing import Any
 
 from .peer_auth import write_private_file
 
 PAIR_SECRET_FILE_ENV = "TOKENROUTER_PAIR_SECRET_FILE"
 PAIR_SECRET_ENV = "TOKENROUTER_PAIR_SECRET"
-PAIR_SECRET_PARAMETER = "tokenrouter_pair_secret"
 MIN_LENGTH = 16
 
 
@@ -65,12 +62,3 @@ def move_secret_to_file(env: dict[str, str], path: Path) -> bool:
     env[PAIR_SECRET_FILE_ENV] = str(path)
     return True
 
-
-def pair_parameters(secret: str) -> dict[str, str]:
-    return {PAIR_SECRET_PARAMETER: secret}
-
-
-def carries_pair_secret(parameters: dict[str, Any], secret: str) -> bool:
-    """Whether request parameters hold ``secret`` (compared in constant time)."""
-    given = parameters.get(PAIR_SECRET_PARAMETER)
-    return isinstance(given, str) and hmac.compare_digest(given.encode(), secret.encode())

@@ -4,7 +4,7 @@ into the peer subserver model on the other server, through grpcio and Triton's s
 Each link call is one ModelInferRequest to the peer model with the ``peer_message`` input (one
 BYTES element: the JSON batch) and the link's parameters; its id is the batch's number, which the
 peer's answer (an empty final response, or an error) echoes. Why this and not a grpcio service of
-our own: docs/runtime.md, "Between servers" (measured: tools/bench/peer_channel.py).
+our own: docs/runtime.md, "Between subservers" (measured: tools/bench/peer_channel.py).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """A subserver model's Triton requests in: each gets exactly one final answer, whatever raises.
 
 Three kinds of request reach a subserver model: a prompt (``input_ids`` and sampling inputs, entry
-model only) from a front model; peer messages (``peer_message``) from the other subservers of this
-server (authenticated by the server's secret, see peer_auth.py) or from a subserver on another server
-of the deployment (a link call, authenticated by the pair secret and put in order by
-peer_sessions.py); and control calls (``control``, control.py: a front's cancel, the launcher's
-shutdown), with the server's secret. A front names its prompt by a key (with the secret) so that its
-cancel can name it: Triton does not pass a client's cancellation on to a BLS request.
+model only) from a front model; peer messages (``peer_message``): a link call from another subserver
+of the deployment, authenticated by its sender's secret (this server start's, peer_auth.py, or the
+pair secret between servers) and put in order by peer_sessions.py; and control calls (``control``,
+control.py: a front's cancel, the launcher's shutdown), with the server's secret. A front names its
+prompt by a key (with the secret) so that its cancel can name it: Triton does not pass a client's
+cancellation on to a BLS request.
 
 The bookkeeping rule that keeps Triton alive: a response sender is registered with the writer
 (which polls it for cancellation) only while the subserver owns the request. If anything raises
@@ -31,7 +31,7 @@ from ...request_builder import RequestError, build_spec
 from ..control import ControlCall
 from ..peer_auth import REQUEST_KEY_PARAMETER, carries_secret, request_parameters
 from ..schema import CONTROL_INPUT, NO_END_ID, ONE_TOKEN_PER_RESPONSE, PEER_INPUT, SPEC_SCALARS, split_sequences
-from .peer_sessions import LINK_PARAMETER, LinkRefused, PeerSessions
+from .peer_sessions import LinkRefused, PeerSessions
 from .subserver_writer import SubserverWriter
 from .triton_sink import TritonSink
 
@@ -44,14 +44,14 @@ class NotWhole(Exception):
 
 class SubserverIntake:
     def __init__(self, pb_utils: Any, subserver: Any, writer: SubserverWriter, names: list[str], secret: str,
-                 on_refused_peer_call: Callable[[], None] = lambda: None, *, remote: PeerSessions | None = None,
+                 on_refused_peer_call: Callable[[], None] = lambda: None, *, sessions: PeerSessions,
                  not_whole: Callable[[], str | None] = lambda: None) -> None:
-        """``remote``: the sessions of peers on other servers; ``not_whole()``: why the deployment
+        """``sessions``: the receiving end of the peers' links; ``not_whole()``: why the deployment
         cannot serve a request now (None: it can)."""
         self._pb, self._subserver, self._writer = pb_utils, subserver, writer
         self._names, self._secret = names, secret
         self._on_refused_peer_call = on_refused_peer_call
-        self._remote, self._not_whole = remote, not_whole
+        self._sessions, self._not_whole = sessions, not_whole
         self._ids = itertools.count()
         # Request ids are unique across server starts: a peer on another server outlives a restart of
         # this one and ignores ids it has seen end (tombstones), which a restarted count would reuse.
@@ -90,15 +90,11 @@ class SubserverIntake:
         def messages() -> list:
             return decode_batch(self._pb.get_input_tensor_by_name(request, PEER_INPUT).as_numpy().reshape(-1)[0])
 
-        if self._remote is not None and LINK_PARAMETER in parameters:
-            try:
-                batch = self._remote.take(parameters, messages)
-            except LinkRefused:
-                self._on_refused_peer_call()
-                raise
-        else:
-            self._refuse_without_secret(parameters, PEER_INPUT)
-            batch = messages()
+        try:
+            batch = self._sessions.take(parameters, messages)
+        except LinkRefused:
+            self._on_refused_peer_call()
+            raise
         for message in batch:
             self._subserver.deliver(message)
 

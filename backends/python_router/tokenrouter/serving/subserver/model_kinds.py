@@ -3,10 +3,10 @@ routing_policy model (policy holder).
 
 The glue is thin: intake.py turns requests into the runtime Subserver's submissions and peer
 messages; triton_sink.py and subserver_writer.py turn the subserver's output events into decoupled
-responses on a thread of their own (so the decoding loop never waits on Triton's IPC);
-bls_transport.py carries peer messages to the other subservers, signed with this server start's
-secret (peer_auth.py); peer_link.py to those on other servers of the deployment (placement.py),
-with the pair secret (pair_secret.py).
+responses on a thread of their own (so the decoding loop never waits on Triton's IPC); a peer link
+(peer_link.py) per other subserver carries peer messages to it: over BLS within this server, with
+this server start's secret (peer_auth.py), or over Triton's gRPC stream to another server of the
+deployment (placement.py), with the pair secret (pair_secret.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,14 @@ from ..cpu_sampler import CpuSampler
 from ..pair_secret import pair_secret
 from ..peer_auth import server_secret
 from ..repository import MAX_BATCH_SIZE, read_repository, served_models
-from .bls_transport import BlsTransport
+from .bls_channel import SAME_SERVER, BlsChannel
 from .grpc_channel import stream_opener
 from .intake import SubserverIntake
 from .metrics import SubserverMetrics
 from .peer_link import PeerLink
 from .peer_sessions import PeerSessions
 from .placed_transport import PlacedTransport
+from .sending_session import BETWEEN_SERVERS
 from .subserver_writer import SubserverWriter
 
 log = logging.getLogger(__name__)
@@ -101,19 +103,18 @@ class SubserverModel:
         max_model_len = effective_max_model_len(config, [engine.max_model_len])
         capacities = {name: kv_capacity(spec) for name, spec in config.models.items()}
         secret = server_secret()
-        self._transport = PlacedTransport(BlsTransport(
-            pb_utils, secret, on_failure=self._on_transport_failure,
-            on_round_trip=lambda seconds: self._metrics.observe_round_trip(seconds)))
+        self._remote = frozenset(remote)
+        self._transport = PlacedTransport()
         self.subserver = build_subserver(config, self.name, engine, build_policy(config), self._transport,
                                          make_strategy(config.scheduling.strategy, len(config.models)),
                                          max_model_len=max_model_len, capacities=capacities)
         self._writer = SubserverWriter(pb_utils, self.subserver,
                                        max_responses_per_s=config.scheduling.max_responses_per_s)
         self._metrics = SubserverMetrics(pb_utils, self.subserver, remote_peers=remote)
-        sessions = self._connect_remote_peers(config, here, remote) if remote else None
+        sessions = self._connect_peers(config, here, secret)
         self._intake = SubserverIntake(pb_utils, self.subserver, self._writer, config.model_names, secret,
                                        on_refused_peer_call=self._metrics.count_refused_peer_call,
-                                       remote=sessions, not_whole=self._transport.problem)
+                                       sessions=sessions, not_whole=self._transport.problem)
         self.subserver.start(on_death=self._exit_now_the_loop_died)
 
     def _exit_now_the_loop_died(self) -> None:
@@ -125,30 +126,41 @@ class SubserverModel:
         log.critical("model %s: the subserver loop died (%s); ending this stub", self.name, self.subserver.failure)
         os._exit(LOOP_DIED_EXIT)
 
-    def _connect_remote_peers(self, config: TokenRouterConfig, here: list[str], remote: list[str]) -> PeerSessions:
-        """A link to each model on another server, and the sessions of their links to this one."""
-        secret = pair_secret()  # a node without it does not load: the message says how to give it
+    def _connect_peers(self, config: TokenRouterConfig, here: list[str], secret: str) -> PeerSessions:
+        """A link to each other model (BLS within this server, Triton's stream to another), and the
+        sessions of their links to this one. ``secret``: this server start's."""
+        secrets = {peer: secret for peer in config.model_names if peer in here and peer != self.name}
+        if self._remote:
+            pair = pair_secret()  # a node without it does not load: the message says how to give it
+            secrets.update({peer: pair for peer in self._remote})
         view = describe(config, here)
         transport = config.transport
-        for peer in remote:
-            address = config.models[peer].server
-            if address is None:  # a model this repository does not serve must say where it runs
-                raise ValueError(f"model '{peer}' is not served here and names no server (models.{peer}.server: "
-                                 "HOST:PORT)")
+        for peer, peer_secret in secrets.items():
+            if peer in self._remote:
+                address = config.models[peer].server
+                if address is None:  # a model this repository does not serve must say where it runs
+                    raise ValueError(f"model '{peer}' is not served here and names no server (models.{peer}.server: "
+                                     "HOST:PORT)")
+                open_channel, pacing, delay_s = stream_opener(address, peer), BETWEEN_SERVERS, transport.delay_ms / 1e3
+            else:
+                address, pacing, delay_s = "this server", SAME_SERVER, 0.0
+                open_channel = partial(BlsChannel, self._pb, peer)
             self._transport.add_link(PeerLink(
-                self.name, peer, address, stream_opener(address, peer), secret=secret, view=view,
-                down_after_s=transport.down_after_s, delay_s=transport.delay_ms / 1e3,
-                on_up=lambda peer: self._metrics.peer_connected(peer, True), on_down=self._on_peer_down,
-                on_failure=self._on_transport_failure, on_round_trip=self._metrics.observe_round_trip))
-        return PeerSessions(secret, view, remote, here=f"'{self.name}' at {config.models[self.name].server}",
+                self.name, peer, address, open_channel, secret=peer_secret, view=view, pacing=pacing,
+                down_after_s=transport.down_after_s, delay_s=delay_s, on_up=self._on_peer_up,
+                on_down=self._on_peer_down, on_round_trip=self._metrics.observe_round_trip),
+                remote=peer in self._remote)
+        return PeerSessions(view, secrets, here=f"'{self.name}' at {config.models[self.name].server or 'this server'}",
                             on_session_lost=self.subserver.peer_lost)
 
-    def _on_peer_down(self, peer: str, error: str) -> None:
-        self._metrics.peer_connected(peer, False)
-        self.subserver.peer_lost(peer, error)
+    def _on_peer_up(self, peer: str) -> None:
+        if peer in self._remote:
+            self._metrics.peer_connected(peer, True)
 
-    def _on_transport_failure(self, rid: str, error: str) -> None:
-        self.subserver.fail(rid, error)
+    def _on_peer_down(self, peer: str, error: str) -> None:
+        if peer in self._remote:
+            self._metrics.peer_connected(peer, False)
+        self.subserver.peer_lost(peer, error)
 
     def execute(self, requests: list) -> None:
         self._intake.execute(requests)

@@ -1,15 +1,17 @@
-"""One direction of a peer pair across Triton servers: this subserver's messages to a subserver on
-another server, over one persistent stream (grpc_channel.py: Triton's ModelStreamInfer into the
-peer's model). The session protocol (numbered, answered and resent batches, heartbeat, give-up) is
-sending_session.py's; peer_sessions.py is the other end. This module is its thread:
+"""One direction of a peer pair: this subserver's messages to another subserver of the deployment,
+over one channel at a time (bls_channel.py: BLS calls within this server; grpc_channel.py: Triton's
+ModelStreamInfer into a model on another server). The session protocol (numbered, answered and
+resent batches, heartbeat, give-up) is sending_session.py's; peer_sessions.py is the other end.
+This module is its thread:
 
 - **Never blocks the decoding loop**: ``send`` only queues; the link's thread hands the session the
   queued messages, the channel's answers and breaks, and the time. Everything queued when it wakes
   (a step's messages to this peer, or several steps') goes in one call, without waiting for the
-  answer to the one before.
-- While the session is lost (or not up yet) a handoff to the peer raises ``PeerUnreachable`` at
-  once, and other messages (release, active) are dropped: the peer's end gives up the lost
-  session's requests by itself.
+  answer to the one before (unless the channel's pacing keeps fewer calls in flight).
+- While the session is lost (or not up yet) messages to the peer are dropped, and one that is a
+  handoff loses the peer at once (``on_down``: its request ends with the others away there); the
+  peer's end gives up the lost session's requests by itself. (Unless the channel's pacing holds them
+  while connecting: sending_session.py, ``Pacing``.)
 - ``delay_s`` holds every batch that long before it is sent (measurements: a network's latency).
 """
 
@@ -23,8 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ...protocol import PeerMessage
-from ...runtime.transport import PeerUnreachable
-from .sending_session import CONNECTING, Channel, OpenChannel, SendingSession
+from .sending_session import BETWEEN_SERVERS, CONNECTING, Channel, OpenChannel, Pacing, SendingSession
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +67,18 @@ class PeerLink:
     def __init__(self, name: str, peer: str, address: str, open_channel: OpenChannel, *, secret: str,
                  view: dict[str, Any], down_after_s: float, delay_s: float = 0.0,
                  on_up: Callable[[str], None], on_down: Callable[[str, str], None],
-                 on_failure: Callable[[str, str], None],
-                 on_round_trip: Callable[[float], None] | None = None) -> None:
-        """``on_down(peer, error)``: the session is lost, end what was away at the peer;
-        ``on_failure(rid, error)``: a handoff that could not go out; ``on_up(peer)``: connected."""
+                 on_round_trip: Callable[[float], None] | None = None, pacing: Pacing = BETWEEN_SERVERS) -> None:
+        """``on_down(peer, error)``: the peer is lost, end what is away at it (the one consequence of
+        any failure to deliver); ``on_up(peer)``: connected; ``pacing``: how the session uses this
+        kind of channel."""
         self.name, self.peer, self.address = name, peer, address
         self._open = open_channel
         self._delay_s = delay_s
+        self._on_down = on_down
         self._events: queue.Queue[_Event] = queue.Queue()
         self._session = SendingSession(name, peer, address, self._open_channel, secret=secret, view=view,
                                        down_after_s=down_after_s, on_up=on_up, on_down=on_down,
-                                       on_failure=on_failure, on_round_trip=on_round_trip)
+                                       on_round_trip=on_round_trip, pacing=pacing)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"link-to-{peer}", daemon=True)
         self._thread.start()
@@ -93,9 +95,10 @@ class PeerLink:
 
     def send(self, messages: Sequence[PeerMessage]) -> None:
         epoch = self._session.epoch
-        if self._session.state == CONNECTING:
+        if self._session.state == CONNECTING and not self._session.pacing.hold_while_connecting:
+            # The loss of the last session ended what was away at the peer then: this ends the handoffs since.
             if any(m.kind == "handoff" for m in messages):
-                raise PeerUnreachable(self.problem or "reconnected meanwhile; try again")
+                self._on_down(self.peer, self.problem or f"model '{self.peer}' at {self.address} is not connected")
             return
         self._events.put(_Queued(epoch, time.monotonic() + self._delay_s, list(messages)))
 

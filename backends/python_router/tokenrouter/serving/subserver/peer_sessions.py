@@ -1,5 +1,5 @@
-"""The receiving end of the links from subservers on other Triton servers (sending_session.py is
-the sending end, driven by peer_link.py).
+"""The receiving end of the links from the other subservers of the deployment, in this server or on
+another (sending_session.py is the sending end, driven by peer_link.py).
 
 A link is one session per sending model: it opens with a *hello* (the sender's view of the
 deployment, placement.py, and its session's *epoch*), then numbers its batches 1, 2, 3, ... After a
@@ -9,31 +9,37 @@ applied once, in its number's order: a number already applied is answered and dr
 comes early waits for the ones before it. A hello with a new epoch means the sender lost its session
 (its server restarted, or it gave the peer up): whatever the old session left here is given up too.
 
-Every call carries the pair secret (pair_secret.py); a hello whose view differs from this node's is
-refused with the values that differ. Triton-free; the intake (intake.py) calls it from its thread.
+Every call carries its sender's secret: this server start's (peer_auth.py) from a model of this server,
+the pair secret (pair_secret.py) from one on another server; a hello whose view differs from this
+node's is refused with the values that differ. Triton-free; the intake (intake.py) calls it from its thread.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Mapping
 
 from ...placement import differences
 from ...protocol import PeerMessage
 from ...request_builder import RequestError
-from ..pair_secret import carries_pair_secret
 
 # Wire: request parameters of a link's calls. LINK: "<sender model>/<epoch>/<number>" (number 0: the
-# hello, which carries the sender's view of the deployment as JSON in HELLO).
+# hello, which carries the sender's view of the deployment as JSON in HELLO); SECRET: the sender's secret.
 LINK_PARAMETER = "tokenrouter_link"
 HELLO_PARAMETER = "tokenrouter_link_hello"
+LINK_SECRET_PARAMETER = "tokenrouter_link_secret"
 MAX_EARLY_BATCHES = 4096  # batches held for a gap; more means the sender lost some: its session is refused
 
 
 def link_parameter(sender: str, epoch: str, number: int) -> str:
     return f"{sender}/{epoch}/{number}"
+
+
+def link_secret_parameters(secret: str) -> dict[str, str]:
+    return {LINK_SECRET_PARAMETER: secret}
 
 
 class LinkRefused(RequestError):
@@ -48,12 +54,13 @@ class _Session:
 
 
 class PeerSessions:
-    def __init__(self, secret: str, view: dict[str, Any], senders: Collection[str], *, here: str,
+    def __init__(self, view: dict[str, Any], secrets: Mapping[str, str], *, here: str,
                  on_session_lost: Callable[[str, str], None]) -> None:
-        """``view``: this node's describe(); ``senders``: the models on other servers; ``here``: this
-        model's name and address, for messages; ``on_session_lost(sender, why)``: a session was
-        replaced, so the requests it carried are gone."""
-        self._secret, self._view, self._senders, self._here = secret, view, frozenset(senders), here
+        """``view``: this node's describe(); ``secrets``: each peer model's secret (the server start's
+        for a model of this server, the pair secret for one on another); ``here``: this model's name
+        and address, for messages; ``on_session_lost(sender, why)``: a session was replaced, so the
+        requests it carried are gone."""
+        self._view, self._secrets, self._here = view, dict(secrets), here
         self._on_session_lost = on_session_lost
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
@@ -61,11 +68,12 @@ class PeerSessions:
     def take(self, parameters: dict[str, Any], messages: Callable[[], list[PeerMessage]]) -> list[PeerMessage]:
         """The messages of one link call to apply now, in order (none for a hello or a duplicate).
         ``messages`` decodes the call's payload (only once the call is known to be genuine)."""
-        if not carries_pair_secret(parameters, self._secret):
-            raise LinkRefused(f"a link call to {self._here} without the pair secret; refused")
         sender, epoch, number = _parse(parameters.get(LINK_PARAMETER))
-        if sender not in self._senders:
-            raise LinkRefused(f"'{sender}' is not a model on another server of this deployment ({self._here})")
+        secret, given = self._secrets.get(sender), parameters.get(LINK_SECRET_PARAMETER)
+        if secret is None:
+            raise LinkRefused(f"'{sender}' is not a peer model of this deployment ({self._here}); refused")
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), secret.encode()):
+            raise LinkRefused(f"a link call from '{sender}' to {self._here} without its secret; refused")
         with self._lock:
             if number == 0:
                 self._hello(sender, epoch, parameters.get(HELLO_PARAMETER))
@@ -114,5 +122,5 @@ class PeerSessions:
 def _parse(raw: Any) -> tuple[str, str, int]:
     parts = raw.split("/") if isinstance(raw, str) else []
     if len(parts) != 3 or not parts[0] or not parts[1] or not parts[2].isdigit():
-        raise LinkRefused(f"'{LINK_PARAMETER}' must be SENDER/EPOCH/NUMBER, got {raw!r}")
+        raise LinkRefused(f"'{LINK_PARAMETER}' must be SENDER/EPOCH/NUMBER, got {raw!r}; refused")
     return parts[0], parts[1], int(parts[2])

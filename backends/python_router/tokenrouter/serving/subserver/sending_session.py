@@ -1,7 +1,8 @@
 """The sending end of a peer session, without threads or clocks: peer_link.py drives it from its
 one thread with the time; peer_sessions.py is the receiving end. Whatever carries the calls is a
 ``Channel`` (grpc_channel.py: Triton's stream between servers; a channel only has to deliver a
-numbered call and report its answer), so the protocol below holds over any of them.
+numbered call and report its answer), so the protocol below holds over any of them; bls_channel.py:
+a BLS call into a peer model of the same server. A channel's ``Pacing`` says how the session uses it.
 
 - A session (random *epoch*) opens with a hello (number 0) carrying this node's view of the
   deployment; its batches are numbered 1, 2, 3, ... and the peer answers each. Unanswered batches
@@ -9,9 +10,11 @@ numbered call and report its answer), so the protocol below holds over any of th
   applies each once, in its number's order).
 - **Liveness**: a heartbeat (an empty batch) goes out when nothing else did for a quarter of
   ``down_after_s``; a broken stream is reopened at once, then with a growing delay.
-- **Give-up**: no answer for ``down_after_s`` (or no new stream within it) loses the session:
-  ``on_down(peer, error)`` (the requests away at the peer end: ``Subserver.peer_lost``), the handoffs
-  not yet sent fail (``on_failure``), and a new session is tried until the peer answers (``on_up``).
+- **Give-up**: no answer for ``down_after_s`` (or no new stream within it, or messages held that long
+  for a session that does not come up) loses the session: what it had not sent is dropped,
+  ``on_down(peer, error)`` is the one consequence (``Subserver.peer_lost``: every request away at the
+  peer ends with that error, the dropped handoffs' included), and a new session is tried until the
+  peer answers (``on_up``).
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ...protocol import PeerMessage, encode_batch
-from ..pair_secret import pair_parameters
-from .peer_sessions import HELLO_PARAMETER, LINK_PARAMETER, link_parameter
+from .peer_sessions import HELLO_PARAMETER, LINK_PARAMETER, link_parameter, link_secret_parameters
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,25 @@ class Channel(Protocol):
 OpenChannel = Callable[[Callable[[int | None, str | None], None], Callable[[str], None]], Channel]
 
 
+@dataclass(frozen=True)
+class Pacing:
+    """How a session uses its kind of channel.
+
+    ``in_flight``: the most batches sent and not answered yet (None: no limit); what is queued
+    meanwhile goes in one batch once there is room (a channel that carries one call at a time would
+    only queue more calls). ``max_retry_s``: the longest wait between two tries to open a stream or a
+    session. ``hold_while_connecting``: messages queued while the session is connecting wait for it
+    (up to ``down_after_s``, then the peer is lost) instead of losing the peer at once: a peer in the
+    same server is only loading, where a peer server may be down for long."""
+
+    in_flight: int | None = None
+    max_retry_s: float = MAX_RETRY_S
+    hold_while_connecting: bool = False
+
+
+BETWEEN_SERVERS = Pacing()
+
+
 @dataclass
 class _Sent:
     payload: bytes
@@ -57,16 +78,19 @@ class _Sent:
 class SendingSession:
     def __init__(self, name: str, peer: str, address: str, open_channel: Callable[[str, int], Channel], *, secret: str,
                  view: dict[str, Any], down_after_s: float, on_up: Callable[[str], None],
-                 on_down: Callable[[str, str], None], on_failure: Callable[[str, str], None],
-                 on_round_trip: Callable[[float], None] | None = None) -> None:
+                 on_down: Callable[[str, str], None], on_round_trip: Callable[[float], None] | None = None,
+                 pacing: Pacing = BETWEEN_SERVERS) -> None:
         """``open_channel(epoch, channel)`` opens a stream whose answers and breaks the driver hands
-        back (``answered``, ``broken``) with that epoch and channel count."""
+        back (``answered``, ``broken``) with that epoch and channel count. ``secret``: what the peer
+        takes this node's calls by (peer_sessions.py: the server start's secret within a server, the
+        pair secret between servers)."""
         self.name, self.peer, self.address = name, peer, address
         self._open = open_channel
-        self._secret_parameters = pair_parameters(secret)
+        self.pacing = pacing
+        self._secret_parameters = link_secret_parameters(secret)
         self._hello = json.dumps(view, sort_keys=True)
         self._down_after_s, self._heartbeat_s = down_after_s, down_after_s / 4
-        self._on_up, self._on_down, self._on_failure = on_up, on_down, on_failure
+        self._on_up, self._on_down = on_up, on_down
         self._on_round_trip = on_round_trip
         # read by any thread (PeerLink.send), written here only
         self.state = CONNECTING
@@ -94,10 +118,9 @@ class SendingSession:
 
     def queued(self, epoch: str, due: float, messages: list[PeerMessage]) -> None:
         """Messages to ship no earlier than ``due``, queued while session ``epoch`` was current."""
-        if epoch != self.epoch or self.state == CONNECTING:
-            self._fail_handoffs(messages, self.unreachable() or "the session to it was lost")
-        else:
-            self._pending.append((due, messages))
+        if epoch != self.epoch:
+            return  # that session was lost after they were queued: its on_down ended their requests
+        self._pending.append((due, messages))
 
     def answered(self, epoch: str, number: int | None, error: str | None, now: float) -> None:
         """The peer answered call ``number`` (None: a refusal that did not echo it) of session ``epoch``."""
@@ -112,7 +135,7 @@ class SendingSession:
                 else:
                     self._problem = f"refused by {self.address}: {error}"
                     self._close_channel()
-                    self._retry_at = now + MAX_RETRY_S
+                    self._retry_at = now + self.pacing.max_retry_s
             else:
                 self.lose(f"it refused a batch: {error}", now)
             return
@@ -135,10 +158,15 @@ class SendingSession:
             if oldest is not None and now - oldest.sent_at > self._down_after_s:
                 self.lose(f"no answer for {self._down_after_s:g} s", now)
                 return
+            if not self._has_room():  # the unanswered batches check the peer meanwhile
+                return
             if self._pending and self._pending[0][0] <= now:
                 self._ship(now)
             elif now - self._last_sent >= self._heartbeat_s:
                 self._ship(now, heartbeat=True)
+            return
+        if self.state == CONNECTING and self._pending and now - self._pending[0][0] > self._down_after_s:
+            self.lose(f"{self._problem}; messages waited {self._down_after_s:g} s for it", now)
             return
         if self.state == RECONNECTING and now - self._trouble_since > self._down_after_s:
             self.lose(f"{self._problem}, and no new stream within {self._down_after_s:g} s", now)
@@ -150,30 +178,31 @@ class SendingSession:
     def next_wakeup(self, now: float) -> float:
         """When ``tick`` has something to do next (unless an event comes first)."""
         if self.state == UP:
-            times = [self._last_sent + self._heartbeat_s]
-            if self._pending:
-                times.append(self._pending[0][0])
+            times = []
+            if self._has_room():
+                times.append(self._last_sent + self._heartbeat_s)
+                if self._pending:
+                    times.append(self._pending[0][0])
             if self._unanswered:
                 times.append(next(iter(self._unanswered.values())).sent_at + self._down_after_s)
             return min(times)
         times = [self._retry_at if self._channel is None else now + 0.05]
         if self.state == RECONNECTING:
             times.append(self._trouble_since + self._down_after_s)
+        elif self._pending:  # held while connecting: the peer is lost when the wait is over
+            times.append(self._pending[0][0] + self._down_after_s)
         return min(times)
 
     def lose(self, reason: str, now: float) -> None:
-        """Give the session up: what it carried is lost on both ends; a new one starts when the peer answers."""
-        was = self.state
+        """Give the session up: what it carried is lost on both ends (``on_down``; the messages not sent
+        are dropped); a new one starts when the peer answers."""
         self._close_channel()
         self._problem = reason
         self.state = CONNECTING
-        for _, messages in self._pending:
-            self._fail_handoffs(messages, reason)
         self._new_session()
         self._retry_at = now + self._retry_s
-        if was != CONNECTING:
-            log.error("%s -> %s at %s: lost (%s)", self.name, self.peer, self.address, reason)
-            self._on_down(self.peer, f"model '{self.peer}' at {self.address} is unreachable: {reason}")
+        log.error("%s -> %s at %s: lost (%s)", self.name, self.peer, self.address, reason)
+        self._on_down(self.peer, f"model '{self.peer}' at {self.address} is unreachable: {reason}")
 
     def close(self) -> None:
         self._close_channel()
@@ -185,7 +214,7 @@ class SendingSession:
         except Exception as exc:  # noqa: BLE001 - e.g. unreadable TLS files: said, and tried again
             self._problem = f"cannot open a stream: {type(exc).__name__}: {exc}"
             self._tell(self._problem)
-            self._retry_at, self._retry_s = now + self._retry_s, min(self._retry_s * 2, MAX_RETRY_S)
+            self._retry_at, self._retry_s = now + self._retry_s, min(self._retry_s * 2, self.pacing.max_retry_s)
             return
         self._channel_id = channel
         self._hello_sent_at = now
@@ -230,7 +259,10 @@ class SendingSession:
             log.warning("%s -> %s at %s: %s; reconnecting", self.name, self.peer, self.address, reason)
         else:
             self._tell(reason)
-            self._retry_at, self._retry_s = now + self._retry_s, min(self._retry_s * 2, MAX_RETRY_S)
+            self._retry_at, self._retry_s = now + self._retry_s, min(self._retry_s * 2, self.pacing.max_retry_s)
+
+    def _has_room(self) -> bool:
+        return self.pacing.in_flight is None or len(self._unanswered) < self.pacing.in_flight
 
     def _new_session(self) -> None:
         self.epoch = secrets.token_hex(8)
@@ -248,12 +280,6 @@ class SendingSession:
         if self._channel is not None:
             self._channel.close()
         self._channel, self._hello_sent_at = None, None
-
-    def _fail_handoffs(self, messages: list[PeerMessage], reason: str) -> None:
-        for message in messages:
-            if message.kind == "handoff":
-                self._on_failure(message.rid, f"could not reach model '{self.peer}' at {self.address}: "
-                                              f"{reason}")
 
     def _tell(self, problem: str) -> None:
         if problem != self._told:
