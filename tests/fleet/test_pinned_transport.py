@@ -4,18 +4,18 @@ test_dynamo_channel.py's)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from tokenrouter.fleet.pinned_transport import PinnedTransport
 from tokenrouter.protocol import PeerMessage
-from tokenrouter.runtime.transport import PeerUnreachable
 from tokenrouter.serving.subserver.sending_session import CONNECTING, UP
 
 
 class FakeLink:
-    def __init__(self, state: str = UP) -> None:
+    def __init__(self, on_down: Callable[[str, str], None], state: str = UP) -> None:
+        self.on_down = on_down
         self.state = state
         self.sent: list[list[PeerMessage]] = []
         self.closed = False
@@ -27,7 +27,7 @@ class FakeLink:
     def send(self, messages: Sequence[PeerMessage]) -> None:
         if self.state == CONNECTING:  # what PeerLink does while its session is down
             if any(m.kind == "handoff" for m in messages):
-                raise PeerUnreachable(self.problem)
+                self.on_down("llm", self.problem or "")
             return
         self.sent.append(list(messages))
 
@@ -50,7 +50,8 @@ def release(rid: str) -> PeerMessage:
 def pool() -> tuple[PinnedTransport, dict[int, FakeLink], list[tuple[str, str]]]:
     lost: list[tuple[str, str]] = []
     transport = PinnedTransport(on_lost=lambda rid, error: lost.append((rid, error)))
-    links = {1: FakeLink(), 2: FakeLink()}
+    links = {instance: FakeLink(lambda model, error, instance=instance: transport.instance_lost(model, instance, error))
+             for instance in (1, 2)}
     for instance, link in links.items():
         transport.add("llm", instance, link)  # type: ignore[arg-type]
     return transport, links, lost
@@ -81,7 +82,7 @@ def test_a_release_unpins_and_a_release_of_a_request_never_placed_goes_nowhere(p
 
 def test_messages_about_no_request_reach_every_instance_that_is_up(pool):
     transport, links, _ = pool
-    links[3] = FakeLink(CONNECTING)
+    links[3] = FakeLink(lambda model, error: transport.instance_lost(model, 3, error), CONNECTING)
     transport.add("llm", 3, links[3])  # type: ignore[arg-type]
     active = PeerMessage(kind="active", rid="", sender="slm", active=4)
     transport.send("llm", [active])
@@ -116,12 +117,12 @@ def test_a_lost_instance_ends_only_the_requests_pinned_there(pool):
     assert links[1].rids("release") == [] and links[2].rids("handoff") == ["b", "d"]
 
 
-def test_a_handoff_the_pinned_link_refuses_ends_that_request_and_not_its_neighbours(pool):
+def test_a_handoff_to_an_instance_whose_session_is_down_ends_what_is_pinned_there_and_not_its_neighbours(pool):
     transport, links, lost = pool
     transport.send("llm", [handoff("a"), handoff("b")])
     links[1].state = CONNECTING  # its session was given up before the loss was reported
     transport.send("llm", [handoff("a"), handoff("b")])
-    assert lost == [("a", "could not reach model 'llm': not connected yet")]
+    assert lost == [("a", "not connected yet")]
     assert links[2].rids("handoff") == ["b", "b"] and transport.pinned("llm") == {1: 0, 2: 1}
 
 

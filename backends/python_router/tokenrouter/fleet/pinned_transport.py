@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from ..protocol import PeerMessage
-from ..runtime.transport import PeerUnreachable, Transport
+from ..runtime.transport import Transport
 from ..serving.subserver.peer_link import PeerLink
 from ..serving.subserver.sending_session import UP
 
@@ -91,8 +91,9 @@ class PinnedTransport(Transport):
 
     # --- Transport (the subserver's loop) ------------------------------------------------------------
     def send(self, peer: str, messages: Sequence[PeerMessage]) -> None:
-        """Never raises: a handoff that cannot go out (no instance up, its instance gone) ends that
-        request alone (``on_lost``), while the rest of the step's messages still go to their instances."""
+        """Never raises: a handoff that cannot be placed (no instance up, its instance gone) ends that
+        request alone (``on_lost``), while the rest of the step's messages still go to their instances; a
+        link whose session is down reports its instance lost (``instance_lost``: what is pinned there ends)."""
         batches: dict[PeerLink, list[PeerMessage]] = defaultdict(list)
         lost: list[tuple[str, str]] = []
         with self._lock:
@@ -119,10 +120,7 @@ class PinnedTransport(Transport):
                 elif message.kind == "handoff":
                     lost.append((message.rid, f"instance {instance:x} of model '{peer}' is gone"))
         for link, batch in batches.items():
-            try:
-                link.send(batch)
-            except PeerUnreachable as exc:  # (only for handoffs, while its session is down)
-                lost += [(m.rid, f"could not reach model '{peer}': {exc}") for m in batch if m.kind == "handoff"]
+            link.send(batch)  # a link whose session is down reports the loss (instance_lost) instead
         for rid, error in lost:
             with self._lock:
                 pins.pop(rid, None)
