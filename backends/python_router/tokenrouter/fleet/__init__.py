@@ -1,7 +1,15 @@
-"""Past one pair: replicas of the pair behind NVIDIA Dynamo (docs/deploy.md, "Fleet").
+"""Past one pair: replicas of the pair, and the pair split over workers, behind NVIDIA Dynamo
+(docs/deploy.md, "Fleet").
 
-``engine``: the pair as a Dynamo engine (one worker = one whole pair); ``pair_process``: the worker's
-side of the pair's child process, ``pair_host``: that process (every model's subserver loops),
-``frames``: the messages between them; ``requests``: a Dynamo request made into the embedded API's
-keywords; ``worker``: the worker process; ``launcher``: ``tokenrouter fleet``, a frontend and N
-workers on one machine."""
+Replicas (one worker = one whole pair): ``engine``: the pair as a Dynamo engine; ``pair_process``: the
+worker's side of the pair's child process, ``pair_host``: that process (every model's subserver loops),
+``frames``: the messages between them; ``worker``: the worker process.
+
+The split pair (``--pools 1+K``): ``entry_engine``: the entry worker (small model and policy, the served
+model); ``peer_worker``: a large-model worker; ``pool_member``: a subserver of either as a pool member
+(its links, its receiving end); ``pinned_transport``: the entry's links to a pool, each request pinned
+to one instance; ``dynamo_channel``: the peer session's channel over Dynamo's worker-to-worker calls.
+
+Both: ``requests``: a Dynamo request made into the embedded API's keywords; ``streamed_output``: one
+request's output as ``generate`` reads it; ``worker_args``: the options of a worker that serves the
+model; ``launcher``: ``tokenrouter fleet``, a frontend and its workers on one machine."""

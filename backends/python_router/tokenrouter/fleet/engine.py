@@ -35,6 +35,7 @@ from ..config import SchedulingSpec, load_config
 from ..runtime.emission import large_model_share
 from .pair_process import PairProcess, PairStream
 from .requests import map_request
+from .worker_args import add_served_model_arguments
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +52,7 @@ class TokenRouterEngine(LLMEngine):
     async def from_args(cls, argv: list[str] | None = None) -> tuple["TokenRouterEngine", WorkerConfig]:
         parser = argparse.ArgumentParser(prog="python -m tokenrouter.fleet.worker",
                                          description="one replica of the pair as a Dynamo worker")
-        parser.add_argument("--config", required=True, help="the pair's YAML config (configs/)")
-        parser.add_argument("--served-model-name", default="tokenrouter")
-        parser.add_argument("--model-path", help="folder the frontend reads the tokenizer, chat template and "
-                                                 "generation config from (default: the config's tokenizer)")
-        parser.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "tokenrouter"))
+        add_served_model_arguments(parser)
         parser.add_argument("--discovery-backend", default=os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"))
         parser.add_argument("--request-plane", default=os.environ.get("DYN_REQUEST_PLANE", "tcp"))
         parser.add_argument("--event-plane", default=os.environ.get("DYN_EVENT_PLANE"))

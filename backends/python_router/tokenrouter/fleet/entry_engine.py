@@ -35,6 +35,7 @@ from ..runtime.subserver import Subserver
 from .pool_member import PoolMember
 from .requests import map_request
 from .streamed_output import StreamedOutput
+from .worker_args import add_served_model_arguments
 
 log = logging.getLogger(__name__)
 SPEC_KEYWORDS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty",
@@ -70,11 +71,7 @@ class EntryEngine(LLMEngine):
     async def from_args(cls, argv: list[str] | None = None) -> tuple["EntryEngine", WorkerConfig]:
         parser = argparse.ArgumentParser(prog="python -m tokenrouter.fleet.entry_engine",
                                          description="the entry (small model) of a split pair as a Dynamo worker")
-        parser.add_argument("--config", required=True, help="the pair's YAML config (configs/)")
-        parser.add_argument("--served-model-name", default="tokenrouter")
-        parser.add_argument("--model-path", help="folder the frontend reads the tokenizer and chat template from "
-                                                 "(default: the config's tokenizer)")
-        parser.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "tokenrouter"))
+        add_served_model_arguments(parser)
         args = parser.parse_args(argv)
         engine = cls(args.config, args.served_model_name, args.namespace, args.model_path)
         worker = WorkerConfig(namespace=args.namespace, component="tokenrouter", endpoint="generate",
