@@ -14,7 +14,7 @@ from tokenrouter_tools.bench import against
 def served_result(throughput: dict[tuple[int, str], float]) -> dict:
     """The part of a `bench served --reps 1` result the comparison reads."""
     clients = sorted({n for n, _ in throughput})
-    return {"points": [{"clients": n, "medians": {s: {"throughput": throughput[n, s]} for s in against.SYSTEMS}}
+    return {"points": [{"clients": n, "medians": {s: {"throughput": t} for (m, s), t in throughput.items() if m == n}}
                        for n in clients]}
 
 
@@ -33,6 +33,12 @@ def test_throughputs_reads_every_concurrency_and_system() -> None:
     result = served_result({(8, "embedded"): 1.0, (8, "served"): 2.0, (16, "embedded"): 3.0, (16, "served"): 4.0})
     assert against.throughputs(result) == {(8, "embedded"): 1.0, (8, "served"): 2.0, (16, "embedded"): 3.0,
                                            (16, "served"): 4.0}
+
+
+def test_throughputs_reads_the_systems_the_run_was_asked_for() -> None:
+    """`--systems served two-servers` measures no embedded runtime: both systems it did measure are read."""
+    result = served_result({(64, "served"): 1.0, (64, "two-servers"): 2.0})
+    assert against.throughputs(result) == {(64, "served"): 1.0, (64, "two-servers"): 2.0}
 
 
 def test_baseline_tree_runs_the_baseline_commits_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,8 +6,9 @@ anything.
 The baseline is a detached git worktree under .runtime/against/<commit> with a virtual environment
 layered on this one (a path file pointing at this venv's site-packages, plus an editable install of
 that tree), so it shares every dependency and runs its own code. Each run is one `tokenrouter bench
-served --reps 1` in a process of its own (a server started, measured and stopped), both systems
-measured: the embedded runtime and the served path.
+served --reps 1` in a process of its own (a server started, measured and stopped), every system it
+measures compared (by default the embedded runtime and the served path; `--systems` in the served
+options picks others, e.g. `served two-servers`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from tokenrouter.launch.paths import runtime_dir
 
 from .report import fmt, table
 
-SYSTEMS = ("embedded", "served")
 TREES = ("base", "new")
 
 
@@ -68,9 +68,9 @@ def _run_served(tree: Path, python: Path, served_args: Sequence[str], out: Path)
 
 
 def throughputs(result: dict[str, Any]) -> dict[tuple[int, str], float]:
-    """(clients, system) -> output tokens/s of one `bench served --reps 1` result."""
-    return {(point["clients"], system): point["medians"][system]["throughput"]
-            for point in result["points"] for system in SYSTEMS}
+    """(clients, system) -> output tokens/s of one `bench served --reps 1` result, every system it measured."""
+    return {(point["clients"], system): medians["throughput"]
+            for point in result["points"] for system, medians in point["medians"].items()}
 
 
 def compare_rounds(rounds: list[dict[str, dict[tuple[int, str], float]]]) -> list[dict[str, Any]]:
