@@ -91,7 +91,8 @@ def llama_style(folder: Path) -> Path:
 
 def sentencepiece_style(folder: Path) -> Path:
     """Metaspace BPE with byte fallback (as Llama 2 and Mistral); specials named in special_tokens_map.json
-    only; its config asks for space clean-up, which the codec's decode must not do."""
+    only; its config asks for space clean-up, which the codec's decode must not do; a chat template that
+    writes the BOS the post-processor also adds."""
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
@@ -101,7 +102,10 @@ def sentencepiece_style(folder: Path) -> Path:
         vocab_size=800, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens], show_progress=False))
     tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
                                                              special_tokens=[("<s>", tokenizer.token_to_id("<s>"))])
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": True}
+    # Llama 2's way: the post-processor adds a BOS on encoding and the chat template writes one too, so a chat
+    # prompt must be encoded without the tokenizer's specials (or it starts with two)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": True,
+              "chat_template": LLAMA_TEMPLATE}
     specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     return _write(folder, tokenizer, config, special_tokens_map=specials)
 
