@@ -110,7 +110,11 @@ def request_parameters(request: Any) -> dict[str, Any] | None:
     return parameters if isinstance(parameters, dict) else None
 
 
+def is_secret(given: Any, secret: str) -> bool:
+    """Whether a request parameter's value is ``secret`` (compared in constant time)."""
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), secret.encode())
+
+
 def carries_secret(parameters: dict[str, Any], secret: str) -> bool:
     """Whether request parameters hold ``secret`` (compared in constant time)."""
-    given = parameters.get(SECRET_PARAMETER)
-    return isinstance(given, str) and hmac.compare_digest(given.encode(), secret.encode())
+    return is_secret(parameters.get(SECRET_PARAMETER), secret)

@@ -16,7 +16,6 @@ node's is refused with the values that differ. Triton-free; the intake (intake.p
 
 from __future__ import annotations
 
-import hmac
 import json
 import threading
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any, Callable, Mapping
 from ...placement import differences
 from ...protocol import PeerMessage
 from ...request_builder import RequestError
+from ..peer_auth import is_secret
 
 # Wire: request parameters of a link's calls. LINK: "<sender model>/<epoch>/<number>" (number 0: the
 # hello, which carries the sender's view of the deployment as JSON in HELLO); SECRET: the sender's secret.
@@ -69,10 +69,10 @@ class PeerSessions:
         """The messages of one link call to apply now, in order (none for a hello or a duplicate).
         ``messages`` decodes the call's payload (only once the call is known to be genuine)."""
         sender, epoch, number = _parse(parameters.get(LINK_PARAMETER))
-        secret, given = self._secrets.get(sender), parameters.get(LINK_SECRET_PARAMETER)
+        secret = self._secrets.get(sender)
         if secret is None:
             raise LinkRefused(f"'{sender}' is not a peer model of this deployment ({self._here}); refused")
-        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), secret.encode()):
+        if not is_secret(parameters.get(LINK_SECRET_PARAMETER), secret):
             raise LinkRefused(f"a link call from '{sender}' to {self._here} without its secret; refused")
         with self._lock:
             if number == 0:
