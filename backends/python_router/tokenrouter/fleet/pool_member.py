@@ -31,8 +31,8 @@ from typing import Any
 from ..config import TokenRouterConfig, load_config
 from ..engine.factory import create_engine
 from ..placement import describe
-from ..runtime.assembly import build_policy, build_subserver, effective_max_model_len, kv_capacity
-from ..runtime.strategies import MULTI_PROCESS, make_strategy
+from ..runtime.assembly import build_lone_subserver
+from ..runtime.strategies import MULTI_PROCESS
 from ..runtime.subserver import Subserver
 from ..serving.pair_secret import pair_secret
 from ..serving.subserver.peer_link import PeerLink
@@ -79,10 +79,7 @@ class PoolMember:
         transport: PlacedTransport | PinnedTransport = (
             PinnedTransport(on_lost=lambda rid, error: subserver.fail(rid, error)) if is_entry
             else PlacedTransport())
-        subserver = build_subserver(config, name, engine, build_policy(config), transport,
-                                    make_strategy(config.scheduling.strategy, len(config.models)),
-                                    max_model_len=effective_max_model_len(config, [engine.max_model_len]),
-                                    capacities={n: kv_capacity(spec) for n, spec in config.models.items()})
+        subserver = build_lone_subserver(config, name, engine, transport)
         member = cls(config, name, subserver, transport)
         view = describe(config, [name])
         others = [peer for peer in config.model_names if peer != name]

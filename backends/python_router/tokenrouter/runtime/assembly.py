@@ -15,7 +15,7 @@ from ..engine.base import Engine
 from ..policies.base import RoutingPolicy, create_policy
 from .core import Limits, SubserverCore
 from .observers import StepObserver, ThresholdFeed
-from .strategies import Strategy
+from .strategies import Strategy, make_strategy
 from .subserver import Subserver
 from .transport import Transport
 
@@ -71,6 +71,15 @@ def build_subserver(config: TokenRouterConfig, name: str, engine: Engine, policy
     core = SubserverCore(name, config.model_names, config.entry, policy, limits, threshold=threshold,
                          capacities=capacities if name == config.entry else None)
     return Subserver(core, engine, transport, strategy, observers=[*feeds, *observers])
+
+
+def build_lone_subserver(config: TokenRouterConfig, name: str, engine: Engine, transport: Transport) -> Subserver:
+    """Model ``name``'s subserver alone in its process (a Triton stub, a Dynamo pool worker): its own
+    policy and strategy, every model's KV capacity, and the context its engine allows."""
+    return build_subserver(config, name, engine, build_policy(config), transport,
+                           make_strategy(config.scheduling.strategy, len(config.models)),
+                           max_model_len=effective_max_model_len(config, [engine.max_model_len]),
+                           capacities={model: kv_capacity(spec) for model, spec in config.models.items()})
 
 
 def make_auto_thresholds(config: TokenRouterConfig):

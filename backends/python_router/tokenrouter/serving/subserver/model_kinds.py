@@ -23,8 +23,8 @@ import numpy as np
 from ...config import TokenRouterConfig
 from ...engine.factory import create_engine
 from ...placement import describe
-from ...runtime.assembly import build_policy, build_subserver, effective_max_model_len, kv_capacity
-from ...runtime.strategies import MULTI_PROCESS, make_strategy
+from ...runtime.assembly import build_lone_subserver, build_policy
+from ...runtime.strategies import MULTI_PROCESS
 from ..cpu_sampler import CpuSampler
 from ..pair_secret import pair_secret
 from ..peer_auth import server_secret
@@ -100,14 +100,10 @@ class SubserverModel:
             raise ValueError(f"model '{self.name}': max_batch_size must be {MAX_BATCH_SIZE} (one request per Triton "
                              f"request, each tensor with its batch dimension); the subserver batches on its own")
         engine = create_engine(self.name, config.models[self.name], owns_process=True)  # one stub, one model
-        max_model_len = effective_max_model_len(config, [engine.max_model_len])
-        capacities = {name: kv_capacity(spec) for name, spec in config.models.items()}
         secret = server_secret()
         self._remote = frozenset(remote)
         self._transport = PlacedTransport()
-        self.subserver = build_subserver(config, self.name, engine, build_policy(config), self._transport,
-                                         make_strategy(config.scheduling.strategy, len(config.models)),
-                                         max_model_len=max_model_len, capacities=capacities)
+        self.subserver = build_lone_subserver(config, self.name, engine, self._transport)
         self._writer = SubserverWriter(pb_utils, self.subserver,
                                        max_responses_per_s=config.scheduling.max_responses_per_s)
         self._metrics = SubserverMetrics(pb_utils, self.subserver, remote_peers=remote)
