@@ -11,5 +11,6 @@ model); ``peer_worker``: a large-model worker; ``pool_member``: a subserver of e
 to one instance; ``dynamo_channel``: the peer session's channel over Dynamo's worker-to-worker calls.
 
 Both: ``requests``: a Dynamo request made into the embedded API's keywords; ``streamed_output``: one
-request's output as ``generate`` reads it; ``worker_args``: the options of a worker that serves the
-model; ``launcher``: ``tokenrouter fleet``, a frontend and its workers on one machine."""
+request's output as ``generate`` reads it; ``response_chunks``: the chunks ``generate`` yields for it;
+``worker_args``: the options of a worker that serves the model; ``launcher``: ``tokenrouter fleet``, a
+frontend and its workers on one machine."""

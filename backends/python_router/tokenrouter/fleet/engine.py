@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..config import SchedulingSpec, load_config
-from ..runtime.emission import large_model_share
 from .pair_process import PairProcess, PairStream
 from .requests import map_request
+from .response_chunks import ResponseChunks
 from .worker_args import add_served_model_arguments
 
 log = logging.getLogger(__name__)
@@ -98,19 +97,7 @@ class TokenRouterEngine(LLMEngine):
         mapped = map_request(request)
         if (router := self.router) is None:
             raise RuntimeError("the engine is not started")
-        names = router.config.model_names
-        entry = names.index(router.config.entry)
-        origins: Counter[int] = Counter()
-        models: list[str] = []
-
-        def last(finish_reason: str) -> GenerateChunk:
-            generated, prompt = sum(origins.values()), len(mapped.prompt)
-            return {"token_ids": [], "index": 0, "finish_reason": finish_reason,
-                    "completion_usage": {"prompt_tokens": prompt, "completion_tokens": generated,
-                                         "total_tokens": prompt + generated},
-                    "engine_data": {"models": [], "response_models": models,
-                                    "large_model_share": large_model_share(origins, entry)}}
-
+        chunks = ResponseChunks(len(mapped.prompt), router.config.model_names, router.config.entry)
         stream = router.submit(mapped.prompt, mapped.keywords)
         rid = context.id()
         self._running[rid] = stream
@@ -119,7 +106,7 @@ class TokenRouterEngine(LLMEngine):
                 await stream.changed.wait()
                 stream.changed.clear()
                 if stream.aborted:
-                    yield last("cancelled")
+                    yield chunks.chunk([], [], None, "cancelled")
                     return
                 if stream.refusal is not None:
                     raise _refusal_error(*stream.refusal)
@@ -127,18 +114,7 @@ class TokenRouterEngine(LLMEngine):
                 finish_reason = stream.finish_reason
                 if not tokens and finish_reason is None:
                     continue
-                origins.update(token_origins)
-                chunk_models = [names[origin] for origin in token_origins]
-                models.extend(chunk_models)
-                out: GenerateChunk = {"token_ids": tokens, "index": 0, "engine_data": {"models": chunk_models}}
-                if logprobs is not None:
-                    out["log_probs"] = logprobs
-                if finish_reason is not None:
-                    ending = last(finish_reason)
-                    out.update(finish_reason=finish_reason, completion_usage=ending["completion_usage"])
-                    out["engine_data"].update(large_model_share=ending["engine_data"]["large_model_share"],
-                                              response_models=models)
-                yield out
+                yield chunks.chunk(tokens, token_origins, logprobs, finish_reason)
                 if finish_reason == "error":
                     raise RuntimeError(stream.error)
                 if finish_reason is not None:

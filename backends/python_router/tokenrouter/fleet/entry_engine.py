@@ -16,7 +16,6 @@ import asyncio
 import logging
 import os
 import secrets
-from collections import Counter
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,10 @@ from dynamo.llm.exceptions import InvalidArgument
 from ..config import load_config
 from ..request_builder import RequestError, build_spec
 from ..runtime.admission import ServerBusy
-from ..runtime.emission import large_model_share
 from ..runtime.subserver import Subserver
 from .pool_member import PoolMember
 from .requests import map_request
+from .response_chunks import ResponseChunks
 from .streamed_output import StreamedOutput
 from .worker_args import add_served_model_arguments
 
@@ -125,8 +124,7 @@ class EntryEngine(LLMEngine):
         except ServerBusy as exc:
             raise RuntimeError(f"the entry is busy: {exc}") from None
         self._running[context.id()] = rid
-        names, entry = self.config.model_names, self.config.model_names.index(self.config.entry)
-        every: list[int] = []
+        chunks = ResponseChunks(len(mapped.prompt), self.config.model_names, self.config.entry)
         try:
             while True:
                 await output.changed.wait()
@@ -135,18 +133,7 @@ class EntryEngine(LLMEngine):
                 tokens, origins, logprobs = output.take()
                 if not tokens and finish_reason is None:
                     continue
-                every += origins
-                chunk: GenerateChunk = {"token_ids": tokens, "index": 0,
-                                        "engine_data": {"models": [names[o] for o in origins]}}
-                if logprobs is not None:
-                    chunk["log_probs"] = logprobs
-                if finish_reason is not None:
-                    chunk["finish_reason"] = finish_reason
-                    chunk["completion_usage"] = {"prompt_tokens": len(mapped.prompt), "completion_tokens": len(every),
-                                                 "total_tokens": len(mapped.prompt) + len(every)}
-                    chunk["engine_data"].update(response_models=[names[o] for o in every],
-                                                large_model_share=large_model_share(Counter(every), entry))
-                yield chunk
+                yield chunks.chunk(tokens, origins, logprobs, finish_reason)
                 if finish_reason == "error":
                     raise RuntimeError(error)
                 if finish_reason is not None:
