@@ -7,6 +7,11 @@ its requests on it one after another. Token counts per event come from vLLM's
 ``stream_options.continuous_usage_stats`` (the usage so far in every chunk); each event is stamped
 when its line reaches the client. The large model's tokens are its share of the request's output
 (``large_model_share`` of the last chunk).
+
+A request still streaming at the deadline (the end of the measuring window) is cut there: the
+client closes its connection, which cancels the request in the server, as a user who goes away
+does; tokens after the window are not counted anyway, and waiting for them took minutes at low
+token rates.
 """
 
 from __future__ import annotations
@@ -72,7 +77,13 @@ class OpenAITarget:
                 share = choice.get("large_model_share", share)
             # Dynamo's frontend: the engine's last chunk's engine_data
             share = chunk.get("nvext", {}).get("engine_data", {}).get("large_model_share", share)
-        reply.read()  # to its end: the connection is reused
+            if time.monotonic() >= deadline and not reason:
+                reason = "cancelled"
+                break
+        if reason == "cancelled":
+            connection.close()  # the next request opens a new one
+        else:
+            reply.read()  # to its end: the connection is reused
         large = round(share * counted)
         record.tokens_by_model.update({self.large: large, self.entry: counted - large})
         record.finish(reason or "error", "".join(text))
