@@ -202,7 +202,8 @@ def _step_costs(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Non
     config = load_config(args.config)
     costs = {}
     for name, spec in config.models.items():  # one engine at a time: each gets the machine to itself
-        engine = create_engine(name, spec)
+        # N + 1 sequences are held at once (N decode rows beside the extending one)
+        engine = create_engine(name, spec.model_copy(update={"max_batch_size": max(spec.max_batch_size, args.N + 1)}))
         try:
             costs[name] = measure_step_costs(engine, args.N, context=args.context, extends=args.extends,
                                              samples=args.samples)
