@@ -3,7 +3,8 @@ into the real receiving end (PeerSessions), as the peer model's intake would app
 properties: what is sent is applied once and in order; one BLS call at a time, and what is queued
 meanwhile goes together in the next one; a call that raises reopens the channel on the same
 session; a refused batch loses the session (``on_down``: ``Subserver.peer_lost``); messages wait for
-a peer that is still loading, and the peer is lost once that took ``down_after_s``. The real server:
+a peer that is still loading, and the peer is lost once that took ``down_after_s``, as is a peer whose
+call never returns. The real server:
 tests/e2e (every routed request hands off between models of one server)."""
 
 from __future__ import annotations

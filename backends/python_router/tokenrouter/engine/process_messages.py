@@ -32,8 +32,8 @@ class Call:
 
 
 @dataclass(frozen=True, slots=True)
-class Close:
-    """Close the engine and end the process (no answer)."""
+class Close:  # close the engine and end the process (no answer)
+    pass
 
 
 ToEngine = Start | Call | Close

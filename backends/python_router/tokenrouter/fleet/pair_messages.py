@@ -53,9 +53,7 @@ class Ready:
 
 
 @dataclass(frozen=True, slots=True)
-class Failed:
-    """The pair did not start (the only message; the process ends)."""
-
+class Failed:  # the pair did not start (the only message; the process ends)
     reason: str
 
 
