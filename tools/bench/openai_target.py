@@ -11,7 +11,8 @@ when its line reaches the client. The large model's tokens are its share of the 
 A request still streaming at the deadline (the end of the measuring window) is cut there: the
 client closes its connection, which cancels the request in the server, as a user who goes away
 does; tokens after the window are not counted anyway, and waiting for them took minutes at low
-token rates.
+token rates. A cut request's tokens stay unattributed (the share comes with the last chunk), so the
+large share is over the requests that ended.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ class OpenAITarget:
             connection.close()  # the next request opens a new one
         else:
             reply.read()  # to its end: the connection is reused
-        large = round(share * counted)
-        record.tokens_by_model.update({self.large: large, self.entry: counted - large})
+            large = round(share * counted)
+            record.tokens_by_model.update({self.large: large, self.entry: counted - large})
         record.finish(reason or "error", "".join(text))
         return record
 
