@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from tokenrouter.fleet.frames import BlockingChannel, encode, read_frame
-from tokenrouter.fleet.pair_host import Outbox, answer_control, take_requests
+from tokenrouter.fleet.pair_host import Outbox, answer_control, serve, take_requests
 from tokenrouter.fleet.pair_messages import AskStats, Cancel, Close, ControlError, Failed, Out, Ready, Stats, Submit
 from tokenrouter.fleet.pair_process import PairProcess, PairProcessError
 from tokenrouter.pipe_messages import UnknownMessage
@@ -138,6 +138,13 @@ def test_the_pair_takes_submits_and_cancels_until_close_and_refuses_a_bad_submit
     assert out == Out([], [(1, "invalid", "max_tokens: must be at least 1")])
     outbox.stop()
 
+
+def test_a_pair_that_cannot_start_says_why_in_its_only_message(tmp_path):
+    worker, pair = pipe()
+    control, _ = pipe()
+    serve(str(tmp_path / "missing.yaml"), pair, control)  # returns: nothing to serve
+    failed = worker.receive()
+    assert isinstance(failed, Failed) and "missing.yaml" in failed.reason
 
 def test_the_pair_ends_on_a_message_of_another_kind_saying_what_came():
     worker, pair = pipe()
