@@ -3,7 +3,8 @@ into the real receiving end (PeerSessions), as the peer model's intake would app
 properties: what is sent is applied once and in order; one BLS call at a time, and what is queued
 meanwhile goes together in the next one; a call that raises reopens the channel on the same
 session; a refused batch loses the session (``on_down``: ``Subserver.peer_lost``); messages wait for
-a peer that is still loading, and the peer is lost once that took ``down_after_s``. The real server:
+a peer that is still loading, and the peer is lost once that took ``down_after_s``, as is a peer whose
+call never returns. The real server:
 tests/e2e (every routed request hands off between models of one server)."""
 
 from __future__ import annotations
@@ -187,3 +188,22 @@ def test_a_closed_channel_reports_nothing_and_makes_no_more_calls(raises: bool) 
     peer.gate.set()
     time.sleep(0.05)
     assert reports == [] and len(pb.bls_calls) == 1
+
+
+def test_a_peer_whose_call_never_returns_is_lost_after_down_after_s_and_the_link_closes_at_once() -> None:
+    """Why a BLS call runs on the channel's thread, not the link's: the link keeps the session's clock
+    while a blocking exec waits on a peer stub that hangs without crashing."""
+    peer, calls = PeerModel(), Calls()
+    try:
+        with link_to(peer, calls) as (link, _):
+            wait_for(lambda: link.state == UP)
+            peer.gate.clear()  # the peer takes the next call and answers nothing (for 5 s)
+            sent = time.monotonic()
+            link.send([message(0, "handoff")])
+            wait_for(lambda: calls.down, timeout_s=4 * DOWN_AFTER_S)
+            assert time.monotonic() - sent >= DOWN_AFTER_S
+            assert f"no answer for {DOWN_AFTER_S:g} s" in calls.down[0]
+            closing = time.monotonic()
+        assert time.monotonic() - closing < 1.0  # closing did not wait for the call either
+    finally:
+        peer.gate.set()

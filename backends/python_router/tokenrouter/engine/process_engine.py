@@ -4,10 +4,10 @@ vLLM keeps a process-global forward context and binds its threads process-wide, 
 engines in one process corrupt or slow each other. The embedded API (two subservers, one process)
 therefore runs each such engine here: a child started with ``python -m`` (no re-import of the
 caller's main module, so scripts need no ``__main__`` guard), pinned to the spec's ``cpus``,
-talking over a socket pair. Calls are synchronous; the parent mirrors sequence lengths and the
-free-block count so that admission queries cost no round trip. A step's full-vocabulary logits
-(about 5 MB at batch 8 on a 152k vocabulary) cross through a shared-memory buffer instead of the
-socket, which would cost more than a millisecond per megabyte.
+talking over a socket pair (its messages: process_messages.py). Calls are synchronous; the parent
+mirrors sequence lengths and the free-block count so that admission queries cost no round trip.
+A step's full-vocabulary logits (about 5 MB at batch 8 on a 152k vocabulary) cross through a
+shared-memory buffer instead of the socket, which would cost more than a millisecond per megabyte.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..config import ModelSpec
+from ..pipe_messages import UnknownMessage, expect
 from .base import Engine, LengthTable, SeqId, StepResult, StepRow
+from .process_messages import Call, Close, FromEngine, Raised, Returned, Start, ToEngine
 
 
 PARENT_POLL_S = 0.5  # how often a child looks whether its parent is still there
@@ -53,7 +55,7 @@ class EngineProcess(LengthTable, Engine):
         self._lock = threading.Lock()
         self._lengths: dict[SeqId, int] = {}
         self._closed = False
-        self._send(("start", name, spec.model_dump()))
+        self._send(Start(name, spec.model_dump()))
         facts = self._receive()
         self._facts: dict[str, Any] = facts
         self._free_blocks: int = facts["num_free_blocks"]
@@ -131,7 +133,7 @@ class EngineProcess(LengthTable, Engine):
         self._closed = True
         try:
             with self._lock:
-                self._send(("close",))
+                self._send(Close())
             self._process.wait(timeout=30)
         except (OSError, EOFError, subprocess.TimeoutExpired):
             self._process.kill()
@@ -143,11 +145,11 @@ class EngineProcess(LengthTable, Engine):
     # --- transport ------------------------------------------------------------------------------
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
-            self._send(("call", method, args, kwargs))
+            self._send(Call(method, args, kwargs))
             return self._receive()
 
-    def _send(self, message: tuple) -> None:
-        if self._closed and message[0] != "close":
+    def _send(self, message: ToEngine) -> None:
+        if self._closed and not isinstance(message, Close):
             raise EngineProcessError(f"engine '{self.name}' is closed")
         try:
             self._conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
@@ -156,57 +158,75 @@ class EngineProcess(LengthTable, Engine):
 
     def _receive(self) -> Any:
         try:
-            status, value, free_blocks = pickle.loads(self._conn.recv_bytes())
+            answer: FromEngine = expect(_receive(self._conn), FromEngine, f"the parent of engine '{self.name}'")
         except (EOFError, OSError):
             code = self._process.poll()
             raise EngineProcessError(f"engine '{self.name}': its process exited (code {code})") from None
-        if free_blocks is not None:
-            self._free_blocks = free_blocks
-        if status == "error":
-            raise value
-        return value
+        except UnknownMessage as err:  # the pipe is out of step: as fatal as a dead process
+            raise EngineProcessError(str(err)) from None
+        if answer.free_blocks is not None:
+            self._free_blocks = answer.free_blocks
+        match answer:
+            case Returned(value):
+                return value
+            case Raised(error):
+                raise error
 
 
-def _serve(conn: Connection) -> None:
-    """The child: build the engine, then answer calls until told to close."""
+def _receive(conn: Connection) -> object:
+    return pickle.loads(conn.recv_bytes())
+
+
+def serve_engine(conn: Connection) -> None:
+    """The child's work: build the engine, then answer calls until told to close (or the parent is gone)."""
     from .factory import create_engine
 
-    die_with_parent()
-    message = pickle.loads(conn.recv_bytes())
-    engine: Engine | None = None
     try:
-        _, name, spec = message
-        engine = create_engine(name, ModelSpec(**spec), owns_process=True)
+        start: Start = expect(_receive(conn), Start, "an engine process not started yet")
+    except UnknownMessage as err:
+        _reply(conn, Raised(err, None))
+        return
+    try:
+        engine = create_engine(start.name, ModelSpec(**start.spec), owns_process=True)
         facts = {key: getattr(engine, key) for key in (
             "vocab_size", "hidden_size", "eos_token_ids", "max_model_len", "block_size", "num_total_blocks",
             "num_free_blocks")}
-        logits = LogitsBuffer.create(spec["max_batch_size"], engine.vocab_size)
+        logits = LogitsBuffer.create(start.spec["max_batch_size"], engine.vocab_size)
         facts["logits_buffer"] = logits.name
-        _reply(conn, "ok", facts, None)
+        _reply(conn, Returned(facts, None))
     except BaseException as err:  # noqa: BLE001 - the parent must learn why the start failed
-        _reply(conn, "error", EngineProcessError(f"engine '{message[1]}' failed to start: {err!r}"), None)
+        _reply(conn, Raised(EngineProcessError(f"engine '{start.name}' failed to start: {err!r}"), None))
         return
     while True:
         try:
-            message = pickle.loads(conn.recv_bytes())
+            message: Call | Close = expect(_receive(conn), Call | Close, f"engine '{start.name}'")
         except (EOFError, OSError):
             break  # the parent is gone
-        if message[0] == "close":
-            break
-        _, method, args, kwargs = message
-        try:
-            value = getattr(engine, method)
-            if callable(value):
-                value = value(*args, **kwargs)
-            if method == "step":  # (result, whether its logits went through the shared buffer)
-                in_buffer = value.logits is not None and logits.write(value.logits)
-                value = (replace(value, logits=None) if in_buffer else value), in_buffer
-            _reply(conn, "ok", value, engine.num_free_blocks)
-        except Exception as err:  # noqa: BLE001 - per-call errors go back to the caller
-            _reply(conn, "error", err, engine.num_free_blocks)
+        except UnknownMessage as err:  # answered like a call that raised
+            _reply(conn, Raised(err, engine.num_free_blocks))
+            continue
+        match message:
+            case Close():
+                break
+            case Call(method, args, kwargs):
+                _reply(conn, _answer(engine, logits, method, args, kwargs))
     engine.close()
     logits.close()
     logits.unlink()
+
+
+def _answer(engine: Engine, logits: "LogitsBuffer", method: str, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> FromEngine:
+    try:
+        value = getattr(engine, method)
+        if callable(value):
+            value = value(*args, **kwargs)
+        if method == "step":  # (result, whether its logits went through the shared buffer)
+            in_buffer = value.logits is not None and logits.write(value.logits)
+            value = (replace(value, logits=None) if in_buffer else value), in_buffer
+        return Returned(value, engine.num_free_blocks)
+    except Exception as err:  # noqa: BLE001 - per-call errors go back to the caller
+        return Raised(err, engine.num_free_blocks)
 
 
 class LogitsBuffer:
@@ -269,17 +289,19 @@ def die_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _reply(conn: Connection, status: str, value: Any, free_blocks: int | None) -> None:
+def _reply(conn: Connection, answer: FromEngine) -> None:
     try:
-        payload = pickle.dumps((status, value, free_blocks), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as err:  # noqa: BLE001 - an exception type that does not pickle
-        payload = pickle.dumps(("error", RuntimeError(repr(value) if status == "error" else repr(err)), free_blocks))
+        payload = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:  # noqa: BLE001 - a value or an exception type that does not pickle
+        said = repr(answer.error) if isinstance(answer, Raised) else repr(err)
+        payload = pickle.dumps(Raised(RuntimeError(said), answer.free_blocks), protocol=pickle.HIGHEST_PROTOCOL)
     conn.send_bytes(payload)
 
 
 if __name__ == "__main__":
-    # Run the imported module's _serve, not this __main__ copy's: exceptions sent back must
+    # Run the imported module's serve_engine, not this __main__ copy's: exceptions sent back must
     # pickle as tokenrouter.engine.process_engine classes.
     from tokenrouter.engine import process_engine
 
-    process_engine._serve(Connection(int(sys.argv[1])))
+    die_with_parent()
+    process_engine.serve_engine(Connection(int(sys.argv[1])))

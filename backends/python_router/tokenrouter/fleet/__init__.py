@@ -3,7 +3,7 @@
 
 Replicas (one worker = one whole pair): ``engine``: the pair as a Dynamo engine; ``pair_process``: the
 worker's side of the pair's child process, ``pair_host``: that process (every model's subserver loops),
-``frames``: the messages between them; ``worker``: the worker process.
+``pair_messages``: the messages between them, ``frames``: how they are framed; ``worker``: the worker process.
 
 The split pair (``--pools 1+K``): ``entry_engine``: the entry worker (small model and policy, the served
 model); ``peer_worker``: a large-model worker; ``pool_member``: a subserver of either as a pool member

@@ -1,4 +1,5 @@
-"""Length-prefixed pickle frames: the messages between a Dynamo worker and its pair's process.
+"""Length-prefixed pickle frames: the messages between a Dynamo worker and its pair's process
+(pair_messages.py).
 
 Both ends are our own code on one host (a socket pair made by the worker), so pickle is safe here.
 """

@@ -4,11 +4,11 @@ Started as ``python -m tokenrouter.fleet.pair_host CONFIG REQUESTS_FD CONTROL_FD
 process keeps Dynamo's bridge and event loop; this one keeps every model's subserver loops, so the
 two do not share one interpreter lock (the way Triton gives each model its own stub process).
 
-On the requests socket the worker sends ``submit`` / ``cancel`` / ``close``; this process answers
-with ``ready`` (or ``failed``) once, then ``out`` messages: every request's output since the last
-message and the submits refused, one message for whatever the loops committed meanwhile (a step's
-tokens for the whole batch travel together). The control socket answers ``stats`` (KV blocks and
-held requests per model) on a thread of its own, so a metrics scrape never waits behind tokens.
+On the requests socket the worker sends ``Submit`` / ``Cancel`` / ``Close`` (pair_messages.py); this
+process answers with ``Ready`` (or ``Failed``) once, then ``Out`` messages: every request's output since
+the last message and the submits refused, one message for whatever the loops committed meanwhile (a
+step's tokens for the whole batch travel together). The control socket answers ``AskStats`` (KV blocks
+and held requests per model) on a thread of its own, so a metrics scrape never waits behind tokens.
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ import time
 from dataclasses import dataclass
 
 from ..engine.process_engine import die_with_parent
+from ..pipe_messages import UnknownMessage, expect
 from ..request_builder import RequestError
 from ..runtime.admission import ServerBusy
 from ..runtime.api import RequestHandle, TokenRouter
 from .frames import BlockingChannel
+from .pair_messages import AskStats, Cancel, Close, ControlAnswer, ControlError, Failed, Out, Output, Ready, Refusal, \
+    Stats, Submit, ToPair
 
 COALESCE_S = 0.002  # far below a step and below the pacing of responses, far above the GIL hand-offs it saves
 
@@ -44,7 +47,7 @@ class Outbox:
         self._changed = threading.Condition()
         self._followed: dict[int, _Followed] = {}
         self._dirty: dict[int, None] = {}  # keys with new output, in the order they changed
-        self._refused: list[tuple[int, str, str]] = []
+        self._refused: list[Refusal] = []
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="pair-outbox", daemon=True)
 
@@ -91,7 +94,7 @@ class Outbox:
                 dirty, self._dirty = list(self._dirty), {}
                 refused, self._refused = self._refused, []
                 followed = [(key, self._followed.get(key)) for key in dirty]
-            outputs = []
+            outputs: list[Output] = []
             for key, entry in followed:
                 if entry is None:
                     continue
@@ -104,7 +107,7 @@ class Outbox:
                     with self._changed:
                         self._followed.pop(key, None)
             try:
-                self._channel.send(("out", outputs, refused))
+                self._channel.send(Out(outputs, refused))
             except OSError:
                 return  # the worker is gone; the main thread sees it too and ends
 
@@ -113,22 +116,30 @@ def serve(config: str, requests: BlockingChannel, control: BlockingChannel) -> N
     try:
         router = TokenRouter.from_config(config)
     except BaseException as exc:  # noqa: BLE001 - the worker must learn why the start failed
-        requests.send(("failed", f"{type(exc).__name__}: {exc}"))
+        requests.send(Failed(f"{type(exc).__name__}: {exc}"))
         return
     entry = router.engines[router.config.entry]
-    requests.send(("ready", {"max_model_len": router.max_model_len, "block_size": entry.block_size,
-                             "num_total_blocks": entry.num_total_blocks}))
+    requests.send(Ready(router.max_model_len, entry.block_size, entry.num_total_blocks))
     outbox = Outbox(requests)
     outbox.start()
-    threading.Thread(target=_answer_control, args=(router, control), name="pair-control", daemon=True).start()
+    threading.Thread(target=answer_control, args=(router, control), name="pair-control", daemon=True).start()
     try:
-        while True:
-            try:
-                message = requests.receive()
-            except (EOFError, OSError):
-                break  # the worker is gone
-            if message[0] == "submit":
-                _, key, prompt, keywords = message
+        take_requests(router, requests, outbox)
+    finally:
+        router.shutdown()
+        outbox.stop()
+
+
+def take_requests(router: TokenRouter, requests: BlockingChannel, outbox: Outbox) -> None:
+    """The worker's submits and cancels, until it closes the pair or is gone. A message of another kind
+    (the worker runs other code) raises UnknownMessage: the process ends, saying so."""
+    while True:
+        try:
+            message: ToPair = expect(requests.receive(), ToPair, "the pair's process")
+        except (EOFError, OSError):
+            return  # the worker is gone
+        match message:
+            case Submit(key, prompt, keywords):
                 try:
                     outbox.follow(key, router.submit(prompt, **keywords))
                 except RequestError as exc:
@@ -137,25 +148,27 @@ def serve(config: str, requests: BlockingChannel, control: BlockingChannel) -> N
                     outbox.refuse(key, "busy", str(exc))
                 except Exception as exc:  # noqa: BLE001 - that request's error, not this process's
                     outbox.refuse(key, "error", f"{type(exc).__name__}: {exc}")
-            elif message[0] == "cancel":
-                if (handle := outbox.handle(message[1])) is not None:
+            case Cancel(key):
+                if (handle := outbox.handle(key)) is not None:
                     router.cancel(handle)
-            elif message[0] == "close":
-                break
-    finally:
-        router.shutdown()
-        outbox.stop()
+            case Close():
+                return
 
 
-def _answer_control(router: TokenRouter, control: BlockingChannel) -> None:
+def answer_control(router: TokenRouter, control: BlockingChannel) -> None:
+    """Answers the worker's questions until it is gone."""
     while True:
         try:
             question = control.receive()
         except (EOFError, OSError):
             return
-        if question == "stats":
-            control.send({"kv_blocks_used": router.kv_blocks_used(), "held_requests": router.held_requests(),
-                          "alive": router.alive})
+        answer: ControlAnswer
+        try:
+            expect(question, AskStats, "the pair's control thread")
+            answer = Stats(router.kv_blocks_used(), router.held_requests(), router.alive)
+        except UnknownMessage as exc:  # answered, so that the worker is told and never waits
+            answer = ControlError(str(exc))
+        control.send(answer)
 
 
 def main(argv: list[str]) -> None:

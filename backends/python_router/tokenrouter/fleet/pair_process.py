@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import TokenRouterConfig, load_config
+from ..pipe_messages import UnknownMessage, expect
 from .frames import HEADER, BlockingChannel, decode, encode
+from .pair_messages import AskStats, Cancel, Close, ControlAnswer, ControlError, Failed, Out, Ready, Stats, Submit
 from .streamed_output import StreamedOutput
 
 STOP_TIMEOUT_S = 60.0  # a closing pair finishes its loops' current steps first
@@ -57,12 +59,12 @@ class PairProcess:
     """A config's pair in a child process; ``start`` returns once every model is loaded."""
 
     def __init__(self, config: TokenRouterConfig, process: subprocess.Popen, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter, control: BlockingChannel, facts: dict[str, Any],
+                 writer: asyncio.StreamWriter, control: BlockingChannel, ready: Ready,
                  on_lost: Callable[[str], None]) -> None:
         self.config = config
-        self.max_model_len: int = facts["max_model_len"]
-        self.block_size: int = facts["block_size"]
-        self.num_total_blocks: int = facts["num_total_blocks"]
+        self.max_model_len = ready.max_model_len
+        self.block_size = ready.block_size
+        self.num_total_blocks = ready.num_total_blocks
         self._process = process
         self._reader, self._writer = reader, writer
         self._control, self._control_lock = control, threading.Lock()
@@ -86,14 +88,20 @@ class PairProcess:
         control_child.close()
         reader, writer = await asyncio.open_unix_connection(sock=requests)
         try:
-            status, detail = await _read(reader)
+            first: Ready | Failed = expect(await _read(reader), Ready | Failed, "the Dynamo worker starting its pair")
         except (asyncio.IncompleteReadError, ConnectionError):
             code = await asyncio.to_thread(process.wait)
             raise PairProcessError(f"the pair's process exited while starting (code {code})") from None
-        if status != "ready":
+        except UnknownMessage as exc:
+            process.kill()
             await asyncio.to_thread(process.wait)
-            raise PairProcessError(f"the pair failed to start: {detail}")
-        return cls(config, process, reader, writer, BlockingChannel(control), detail, on_lost)
+            raise PairProcessError(str(exc)) from None
+        match first:
+            case Failed(reason):
+                await asyncio.to_thread(process.wait)
+                raise PairProcessError(f"the pair failed to start: {reason}")
+            case Ready():
+                return cls(config, process, reader, writer, BlockingChannel(control), first, on_lost)
 
     @property
     def pid(self) -> int:
@@ -107,28 +115,31 @@ class PairProcess:
             stream.refuse("error", "the pair's process has exited")
             return stream
         self._streams[stream.key] = stream
-        self._writer.write(encode(("submit", stream.key, prompt, keywords)))
+        self._writer.write(encode(Submit(stream.key, prompt, keywords)))
         return stream
 
     def cancel(self, stream: PairStream) -> None:
         """End the request on every model (its KV is freed); nothing more arrives on ``stream``."""
         if self._streams.pop(stream.key, None) is not None and not self._writer.is_closing():
-            self._writer.write(encode(("cancel", stream.key)))
+            self._writer.write(encode(Cancel(stream.key)))
 
     async def _read_outputs(self) -> None:
         try:
             while True:
-                _, outputs, refused = await _read(self._reader)
-                for key, tokens, origins, logprobs, finish_reason, error in outputs:
+                out: Out = expect(await _read(self._reader), Out, "the Dynamo worker")
+                for key, tokens, origins, logprobs, finish_reason, error in out.outputs:
                     if (stream := self._streams.get(key)) is not None:
                         stream.add(tokens, origins, logprobs, finish_reason, error)
                         if finish_reason is not None:
                             del self._streams[key]
-                for key, kind, message in refused:
+                for key, kind, message in out.refused:
                     if (stream := self._streams.pop(key, None)) is not None:
                         stream.refuse(kind, message)
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, UnknownMessage) as exc:
             why = f"the pair's process exited (code {self._process.poll()})"
+            if isinstance(exc, UnknownMessage):  # out of step with this worker: lost all the same
+                self._process.kill()
+                why = f"the pair's process was stopped: {exc}"
             for stream in self._streams.values():
                 stream.refuse("error", why)
             self._streams.clear()
@@ -137,22 +148,29 @@ class PairProcess:
 
     # --- introspection (blocking: one round trip to the pair's control thread) ------------------------
     def kv_blocks_used(self) -> dict[str, int]:
-        return self._stats()["kv_blocks_used"]
+        return self._stats().kv_blocks_used
 
     def held_requests(self) -> dict[str, int]:
-        return self._stats()["held_requests"]
+        return self._stats().held_requests
 
     @property
     def alive(self) -> bool:
-        return self._process.poll() is None and self._stats()["alive"]
+        return self._process.poll() is None and self._stats().alive
 
-    def _stats(self) -> dict[str, Any]:
+    def _stats(self) -> Stats:
         with self._control_lock:
             try:
-                self._control.send("stats")
-                return self._control.receive()
+                self._control.send(AskStats())
+                answer: ControlAnswer = expect(self._control.receive(), ControlAnswer, "the Dynamo worker")
             except (EOFError, OSError):
                 raise PairProcessError(f"the pair's process exited (code {self._process.poll()})") from None
+            except UnknownMessage as exc:
+                raise PairProcessError(str(exc)) from None
+        match answer:
+            case Stats():
+                return answer
+            case ControlError(reason):
+                raise PairProcessError(f"the pair's process could not answer: {reason}")
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def close(self) -> None:
@@ -161,7 +179,7 @@ class PairProcess:
             return
         self._closing = True
         if not self._writer.is_closing():
-            self._writer.write(encode(("close",)))
+            self._writer.write(encode(Close()))
         try:
             await asyncio.to_thread(self._process.wait, STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
