@@ -3,8 +3,8 @@ into the real receiving end (PeerSessions), as the peer model's intake would app
 properties: what is sent is applied once and in order; one BLS call at a time, and what is queued
 meanwhile goes together in the next one; a call that raises reopens the channel on the same
 session; a refused batch loses the session (``on_down``: ``Subserver.peer_lost``); messages wait for
-a peer that is still loading, and the peer is lost once that took ``down_after_s``, as is a peer whose
-call never returns. The real server:
+a peer that is still loading, with no call into the server before all its models are loaded, and the
+peer is lost once that took ``down_after_s``, as is a peer whose call never returns. The real server:
 tests/e2e (every routed request hands off between models of one server)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from fake_pb_utils import BlsCall, EntryResponse, fake_pb
 
 from tokenrouter.protocol import PeerMessage, decode_batch
 from tokenrouter.serving.schema import PEER_INPUT
-from tokenrouter.serving.subserver.bls_channel import SAME_SERVER, BlsChannel
+from tokenrouter.serving.subserver.bls_channel import SAME_SERVER, BlsChannel, ServerLoaded
 from tokenrouter.serving.subserver.peer_link import PeerLink
 from tokenrouter.serving.subserver.peer_sessions import LINK_SECRET_PARAMETER, LinkRefused, PeerSessions
 from tokenrouter.serving.subserver.sending_session import CONNECTING, UP
@@ -46,6 +46,7 @@ class PeerModel:
         self.applied: list[int] = []
         self.batches: list[list[int]] = []  # the tokens of each non-empty batch applied, per call
         self.loaded = True
+        self.calls_while_loading = 0
         self.gate = threading.Event()
         self.gate.set()
         self.raise_next = 0  # calls that raise (the server stopping) before any reaches the model
@@ -64,8 +65,9 @@ class PeerModel:
             if self.raise_next:
                 self.raise_next -= 1
                 raise RuntimeError("Failed to execute the inference request: the server is stopping")
-            if not self.loaded:
-                return iter([EntryResponse(error="Model 'llm' is not ready")])
+            if not self.loaded:  # Triton refuses any inference while a model of the server loads
+                self.calls_while_loading += 1
+                return iter([EntryResponse(error="Server not ready")])
             payload = call.inputs[PEER_INPUT].reshape(-1)[0]
             try:
                 if self.refuse_batches and not call.parameters.get("tokenrouter_link", "").endswith("/0"):
@@ -92,9 +94,11 @@ class Calls:
 @contextmanager
 def link_to(peer: PeerModel, calls: Calls) -> Iterator[tuple[PeerLink, list[BlsCall]]]:
     """The link from 'slm' to ``peer`` and the BLS calls it makes; closed on the way out."""
-    pb = fake_pb(answer=peer.answer)
+    pb = fake_pb(answer=peer.answer, ready=lambda model: model != "llm" or peer.loaded)
+    loaded = ServerLoaded(pb, ["llm", "slm"])
     link = PeerLink("slm", "llm", "this server", lambda on_answer, on_broken: BlsChannel(pb, "llm", on_answer,
-                                                                                          on_broken),
+                                                                                          on_broken,
+                                                                                          server_loaded=loaded),
                     secret=SECRET, view=VIEW, down_after_s=DOWN_AFTER_S, pacing=SAME_SERVER,
                     on_up=calls.up.append, on_down=lambda peer, error: calls.down.append(error))
     try:
@@ -155,6 +159,7 @@ def test_messages_wait_for_a_peer_that_is_loading() -> None:
         peer.loaded = True
         wait_for(lambda: peer.applied == [0], timeout_s=DOWN_AFTER_S)
         assert calls.down == []
+        assert peer.calls_while_loading == 0  # asked whether it is loaded, never called before
 
 
 def test_a_peer_that_never_loads_is_lost_after_down_after_s_with_what_was_held() -> None:
@@ -171,6 +176,7 @@ def test_a_peer_that_never_loads_is_lost_after_down_after_s_with_what_was_held()
         wait_for(lambda: link.state == UP)
         time.sleep(0.05)
         assert peer.applied == []  # the held handoff went with the lost session
+        assert peer.calls_while_loading == 0
 
 
 @pytest.mark.parametrize("raises", [False, True], ids=["answered", "raised"])
@@ -180,7 +186,8 @@ def test_a_closed_channel_reports_nothing_and_makes_no_more_calls(raises: bool) 
     peer.raise_next = 1 if raises else 0
     pb = fake_pb(answer=peer.answer)
     reports: list[object] = []
-    channel = BlsChannel(pb, "llm", lambda number, error: reports.append(number), reports.append)
+    channel = BlsChannel(pb, "llm", lambda number, error: reports.append(number), reports.append,
+                         server_loaded=lambda: True)
     channel.send(1, b"[]", {})
     channel.send(2, b"[]", {})
     wait_for(lambda: peer.in_call == 1)

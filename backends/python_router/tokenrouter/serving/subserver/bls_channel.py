@@ -7,6 +7,11 @@ together in the next call (a burst of handoffs costs one round trip).
 
 A call the peer answered (its FINAL, or its error) is reported with its number; a call that raised
 (the peer model unloaded, the server stopping) breaks the channel, and the session opens another.
+
+No call goes out before every model of the server's repository is loaded (``ServerLoaded``): until
+then Triton refuses any inference, BLS included ("Server not ready"), and Triton 2.51's Python backend
+crashed tritonserver (SIGSEGV in libtriton_python.so) on such refused calls, twice in a row, while the
+real pair took a minute to load and the session asked ten times a second.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 from ..schema import PEER_INPUT, SUBSERVER_INPUTS
 from .sending_session import Pacing
@@ -26,10 +32,26 @@ log = logging.getLogger(__name__)
 SAME_SERVER = Pacing(in_flight=1, max_retry_s=0.1, hold_while_connecting=True)
 
 
+class ServerLoaded:
+    """Whether every model of this server is loaded (``pb_utils.is_model_ready``: a question, not an
+    inference); once it was, it stays so (an unloading peer makes calls raise, as it did before)."""
+
+    def __init__(self, pb_utils: Any, models: Sequence[str]) -> None:
+        self._pb, self._waiting = pb_utils, list(models)
+
+    @classmethod
+    def of_repository(cls, pb_utils: Any, repository: Path) -> ServerLoaded:
+        return cls(pb_utils, sorted(path.parent.name for path in repository.glob("*/config.pbtxt")))
+
+    def __call__(self) -> bool:
+        self._waiting = [model for model in self._waiting if not self._pb.is_model_ready(model)]
+        return not self._waiting
+
+
 class BlsChannel:
     def __init__(self, pb_utils: Any, model: str, on_answer: Callable[[int | None, str | None], None],
-                 on_broken: Callable[[str], None]) -> None:
-        self._pb, self._model = pb_utils, model
+                 on_broken: Callable[[str], None], *, server_loaded: Callable[[], bool]) -> None:
+        self._pb, self._model, self._server_loaded = pb_utils, model, server_loaded
         self._on_answer, self._on_broken = on_answer, on_broken
         self._calls: queue.Queue[tuple[int, bytes, dict[str, str]] | None] = queue.Queue()  # None: closed
         self._closed = False
@@ -45,6 +67,9 @@ class BlsChannel:
 
     def _run(self) -> None:
         while (call := self._calls.get()) is not None and not self._closed:
+            if not self._server_loaded():  # the session asks again soon (SAME_SERVER's pacing)
+                self._on_broken("the server is not ready: its models are still loading")
+                return
             number, payload, parameters = call
             request = self._pb.InferenceRequest(
                 model_name=self._model, requested_output_names=[], parameters=parameters,
