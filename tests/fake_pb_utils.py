@@ -254,7 +254,7 @@ class FakeResponse(triton_api.InferenceResponse):
 @final
 class FakePbUtils(triton_api.PbUtils):
     """The module as the glue sees it. ``answer``: how BLS calls are answered; they are recorded in
-    ``bls_calls``. ``ready``: whether a model of the server is loaded (default: all are)."""
+    ``bls_calls``."""
 
     TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
     TritonError = TritonError
@@ -262,13 +262,9 @@ class FakePbUtils(triton_api.PbUtils):
     InferenceResponse = FakeResponse
 
     def __init__(self, faults: Faults | None = None,
-                 answer: Callable[[BlsCall], Iterable[EntryResponse]] = lambda call: iter(()),
-                 ready: Callable[[str], bool] = lambda model: True) -> None:
-        self.faults, self.answer, self.ready = faults or Faults(), answer, ready
+                 answer: Callable[[BlsCall], Iterable[EntryResponse]] = lambda call: iter(())) -> None:
+        self.faults, self.answer = faults or Faults(), answer
         self.bls_calls: list[BlsCall] = []
-
-    def is_model_ready(self, model_name: str, model_version: str = "", /) -> bool:
-        return self.ready(model_name)
 
     def get_input_tensor_by_name(self, request: triton_api.InferenceRequest, name: str, /) -> FakeTensor | None:
         assert isinstance(request, FakeRequest), "the glue reads only the requests Triton (here: the test) gave it"
@@ -282,10 +278,9 @@ class FakePbUtils(triton_api.PbUtils):
 
 
 def fake_pb(faults: Faults | None = None,
-            answer: Callable[[BlsCall], Iterable[EntryResponse]] = lambda call: iter(()),
-            ready: Callable[[str], bool] = lambda model: True) -> FakePbUtils:
+            answer: Callable[[BlsCall], Iterable[EntryResponse]] = lambda call: iter(())) -> FakePbUtils:
     """The module as the glue sees it (``FakePbUtils``)."""
-    return FakePbUtils(faults, answer, ready)
+    return FakePbUtils(faults, answer)
 
 
 def error_of(response: Any) -> tuple[str, str] | None:

@@ -3,8 +3,9 @@ into the real receiving end (PeerSessions), as the peer model's intake would app
 properties: what is sent is applied once and in order; one BLS call at a time, and what is queued
 meanwhile goes together in the next one; a call that raises reopens the channel on the same
 session; a refused batch loses the session (``on_down``: ``Subserver.peer_lost``); messages wait for
-a peer that is still loading, with no call into the server before all its models are loaded, and the
-peer is lost once that took ``down_after_s``, as is a peer whose call never returns. The real server:
+a server that is still loading, with no call into it before it serves (Triton hands a model its first
+request only then), and the peer is lost once that took ``down_after_s``, as is a peer whose call never
+returns. The real server:
 tests/e2e (every routed request hands off between models of one server)."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fake_pb_utils import BlsCall, EntryResponse, fake_pb
 
 from tokenrouter.protocol import PeerMessage, decode_batch
 from tokenrouter.serving.schema import PEER_INPUT
-from tokenrouter.serving.subserver.bls_channel import SAME_SERVER, BlsChannel, ServerLoaded
+from tokenrouter.serving.subserver.bls_channel import SAME_SERVER, BlsChannel, ServerServing
 from tokenrouter.serving.subserver.peer_link import PeerLink
 from tokenrouter.serving.subserver.peer_sessions import LINK_SECRET_PARAMETER, LinkRefused, PeerSessions
 from tokenrouter.serving.subserver.sending_session import CONNECTING, UP
@@ -37,7 +38,8 @@ def message(i: int, kind: str = "progress") -> PeerMessage:
 
 class PeerModel:
     """The peer model 'llm' as BLS reaches it: its intake's receiving end, what it applied, and the
-    calls it is in (a test can hold them, make them raise, or make the model not loaded yet)."""
+    calls it is in (a test can hold them, make them raise, or keep the server loading: it has not
+    served a request yet, and Triton would refuse any call)."""
 
     def __init__(self) -> None:
         self.lost: list[str] = []
@@ -45,7 +47,8 @@ class PeerModel:
                                      on_session_lost=lambda sender, why: self.lost.append(sender))
         self.applied: list[int] = []
         self.batches: list[list[int]] = []  # the tokens of each non-empty batch applied, per call
-        self.loaded = True
+        self.serving = ServerServing()
+        self.serving.saw_a_request()
         self.calls_while_loading = 0
         self.gate = threading.Event()
         self.gate.set()
@@ -65,7 +68,7 @@ class PeerModel:
             if self.raise_next:
                 self.raise_next -= 1
                 raise RuntimeError("Failed to execute the inference request: the server is stopping")
-            if not self.loaded:  # Triton refuses any inference while a model of the server loads
+            if not self.serving():  # Triton refuses any call while the server loads
                 self.calls_while_loading += 1
                 return iter([EntryResponse(error="Server not ready")])
             payload = call.inputs[PEER_INPUT].reshape(-1)[0]
@@ -94,11 +97,9 @@ class Calls:
 @contextmanager
 def link_to(peer: PeerModel, calls: Calls) -> Iterator[tuple[PeerLink, list[BlsCall]]]:
     """The link from 'slm' to ``peer`` and the BLS calls it makes; closed on the way out."""
-    pb = fake_pb(answer=peer.answer, ready=lambda model: model != "llm" or peer.loaded)
-    loaded = ServerLoaded(pb, ["llm", "slm"])
-    link = PeerLink("slm", "llm", "this server", lambda on_answer, on_broken: BlsChannel(pb, "llm", on_answer,
-                                                                                          on_broken,
-                                                                                          server_loaded=loaded),
+    pb = fake_pb(answer=peer.answer)
+    link = PeerLink("slm", "llm", "this server", lambda on_answer, on_broken: BlsChannel(
+                        pb, "llm", on_answer, on_broken, server_serving=peer.serving),
                     secret=SECRET, view=VIEW, down_after_s=DOWN_AFTER_S, pacing=SAME_SERVER,
                     on_up=calls.up.append, on_down=lambda peer, error: calls.down.append(error))
     try:
@@ -148,31 +149,31 @@ def test_a_refused_batch_loses_the_peer_and_a_new_session_follows() -> None:
         wait_for(lambda: peer.lost == ["slm"])
 
 
-def test_messages_wait_for_a_peer_that_is_loading() -> None:
+def test_messages_wait_for_a_server_that_is_loading() -> None:
     peer, calls = PeerModel(), Calls()
-    peer.loaded = False
+    peer.serving = ServerServing()  # loading
     with link_to(peer, calls) as (link, _):
         time.sleep(0.05)
-        assert link.state == CONNECTING and link.problem is not None
+        assert link.state == CONNECTING
         link.send([message(0, "handoff")])  # held, not refused
         time.sleep(0.1)
-        peer.loaded = True
+        peer.serving.saw_a_request()
         wait_for(lambda: peer.applied == [0], timeout_s=DOWN_AFTER_S)
         assert calls.down == []
-        assert peer.calls_while_loading == 0  # asked whether it is loaded, never called before
+        assert peer.calls_while_loading == 0
 
 
 def test_a_peer_that_never_loads_is_lost_after_down_after_s_with_what_was_held() -> None:
     peer, calls = PeerModel(), Calls()
-    peer.loaded = False
+    peer.serving = ServerServing()  # loading
     with link_to(peer, calls) as (link, _):
         sent = time.monotonic()
         link.send([message(0, "handoff")])
         wait_for(lambda: calls.down, timeout_s=5 * DOWN_AFTER_S)
         assert time.monotonic() - sent >= DOWN_AFTER_S
         error, = calls.down
-        assert "model 'llm' at this server is unreachable" in error and "not ready" in error
-        peer.loaded = True
+        assert "model 'llm' at this server is unreachable" in error and "not connected yet" in error
+        peer.serving.saw_a_request()
         wait_for(lambda: link.state == UP)
         time.sleep(0.05)
         assert peer.applied == []  # the held handoff went with the lost session
@@ -187,7 +188,7 @@ def test_a_closed_channel_reports_nothing_and_makes_no_more_calls(raises: bool) 
     pb = fake_pb(answer=peer.answer)
     reports: list[object] = []
     channel = BlsChannel(pb, "llm", lambda number, error: reports.append(number), reports.append,
-                         server_loaded=lambda: True)
+                         server_serving=lambda: True)
     channel.send(1, b"[]", {})
     channel.send(2, b"[]", {})
     wait_for(lambda: peer.in_call == 1)

@@ -84,7 +84,7 @@ def test_a_lost_same_server_peer_ends_its_requests_clearly_and_both_pools_balanc
         pb = fake_pb(answer=stub.answer)
         transport = PlacedTransport()
         transport.add_link(PeerLink("slm", "llm", "this server", lambda on_answer, on_broken: BlsChannel(
-            pb, "llm", on_answer, on_broken, server_loaded=lambda: True), secret=SECRET, view=VIEW,
+            pb, "llm", on_answer, on_broken, server_serving=lambda: True), secret=SECRET, view=VIEW,
             down_after_s=DOWN_AFTER_S, pacing=SAME_SERVER,
             on_up=lambda peer: None, on_down=entry.peer_lost), remote=False)
         entry.transport = transport  # the entry's messages to the large model go by the link from now on

@@ -8,10 +8,11 @@ together in the next call (a burst of handoffs costs one round trip).
 A call the peer answered (its FINAL, or its error) is reported with its number; a call that raised
 (the peer model unloaded, the server stopping) breaks the channel, and the session opens another.
 
-No call goes out before every model of the server's repository is loaded (``ServerLoaded``): until
-then Triton refuses any inference, BLS included ("Server not ready"), and Triton 2.51's Python backend
-crashed tritonserver (SIGSEGV in libtriton_python.so) on such refused calls, twice in a row, while the
-real pair took a minute to load and the session asked ten times a second.
+No call goes out before Triton serves (``ServerServing``): until the whole server is ready it refuses
+any call a stub makes into it ("Server not ready"), BLS and readiness questions alike, and Triton 2.51's
+Python backend crashed tritonserver on such refused calls while the real pair loaded for a minute and
+the session asked ten times a second (a SIGSEGV in libtriton_python.so after refused BLS calls, twice
+in a row; an abort on a boost lock_exception after refused ``is_model_ready`` calls).
 """
 
 from __future__ import annotations
@@ -19,39 +20,39 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from pathlib import Path
-from typing import Any, Callable, Sequence
+import time
+from typing import Any, Callable
 
 from ..schema import PEER_INPUT, SUBSERVER_INPUTS
 from .sending_session import Pacing
 
 log = logging.getLogger(__name__)
 
-# One call at a time; a peer that is loading is asked again soon (it is in this server: loaded soon,
-# or the server does not start); messages wait for it meanwhile.
+# One call at a time; a broken channel is reopened soon (the peer is in this server); messages wait
+# for it meanwhile.
 SAME_SERVER = Pacing(in_flight=1, max_retry_s=0.1, hold_while_connecting=True)
+SERVING_POLL_S = 0.05  # a channel opened before the server serves waits for it (no call, no thread churn)
 
 
-class ServerLoaded:
-    """Whether every model of this server is loaded (``pb_utils.is_model_ready``: a question, not an
-    inference); once it was, it stays so (an unloading peer makes calls raise, as it did before)."""
+class ServerServing:
+    """Whether Triton serves yet, learnt without asking it: Triton hands a model its first request (a
+    client's, a peer's hello, a control call) only once the whole server is ready. The entry's links
+    therefore open with its first request, and a peer's with the entry's hello."""
 
-    def __init__(self, pb_utils: Any, models: Sequence[str]) -> None:
-        self._pb, self._waiting = pb_utils, list(models)
+    def __init__(self) -> None:
+        self._serving = threading.Event()
 
-    @classmethod
-    def of_repository(cls, pb_utils: Any, repository: Path) -> ServerLoaded:
-        return cls(pb_utils, sorted(path.parent.name for path in repository.glob("*/config.pbtxt")))
+    def saw_a_request(self) -> None:
+        self._serving.set()
 
     def __call__(self) -> bool:
-        self._waiting = [model for model in self._waiting if not self._pb.is_model_ready(model)]
-        return not self._waiting
+        return self._serving.is_set()
 
 
 class BlsChannel:
     def __init__(self, pb_utils: Any, model: str, on_answer: Callable[[int | None, str | None], None],
-                 on_broken: Callable[[str], None], *, server_loaded: Callable[[], bool]) -> None:
-        self._pb, self._model, self._server_loaded = pb_utils, model, server_loaded
+                 on_broken: Callable[[str], None], *, server_serving: Callable[[], bool]) -> None:
+        self._pb, self._model, self._server_serving = pb_utils, model, server_serving
         self._on_answer, self._on_broken = on_answer, on_broken
         self._calls: queue.Queue[tuple[int, bytes, dict[str, str]] | None] = queue.Queue()  # None: closed
         self._closed = False
@@ -67,9 +68,10 @@ class BlsChannel:
 
     def _run(self) -> None:
         while (call := self._calls.get()) is not None and not self._closed:
-            if not self._server_loaded():  # the session asks again soon (SAME_SERVER's pacing)
-                self._on_broken("the server is not ready: its models are still loading")
-                return
+            while not self._server_serving():  # the session gives the hello up after down_after_s
+                if self._closed:
+                    return
+                time.sleep(SERVING_POLL_S)
             number, payload, parameters = call
             request = self._pb.InferenceRequest(
                 model_name=self._model, requested_output_names=[], parameters=parameters,

@@ -29,7 +29,7 @@ from ..cpu_sampler import CpuSampler
 from ..pair_secret import pair_secret
 from ..peer_auth import server_secret
 from ..repository import MAX_BATCH_SIZE, read_repository, served_models
-from .bls_channel import SAME_SERVER, BlsChannel, ServerLoaded
+from .bls_channel import SAME_SERVER, BlsChannel, ServerServing
 from .grpc_channel import stream_opener
 from .intake import SubserverIntake
 from .metrics import SubserverMetrics
@@ -107,7 +107,8 @@ class SubserverModel:
         self._writer = SubserverWriter(pb_utils, self.subserver,
                                        max_responses_per_s=config.scheduling.max_responses_per_s)
         self._metrics = SubserverMetrics(pb_utils, self.subserver, remote_peers=remote)
-        sessions = self._connect_peers(config, here, secret, ServerLoaded.of_repository(pb_utils, repository))
+        self._serving = ServerServing()
+        sessions = self._connect_peers(config, here, secret, self._serving)
         self._intake = SubserverIntake(pb_utils, self.subserver, self._writer, config.model_names, secret,
                                        on_refused_peer_call=self._metrics.count_refused_peer_call,
                                        sessions=sessions, not_whole=self._transport.problem)
@@ -123,7 +124,7 @@ class SubserverModel:
         os._exit(LOOP_DIED_EXIT)
 
     def _connect_peers(self, config: TokenRouterConfig, here: list[str], secret: str,
-                       server_loaded: ServerLoaded) -> PeerSessions:
+                       server_serving: ServerServing) -> PeerSessions:
         """A link to each other model (BLS within this server, Triton's stream to another), and the
         sessions of their links to this one. ``secret``: this server start's."""
         secrets = {peer: secret for peer in config.model_names if peer in here and peer != self.name}
@@ -141,7 +142,7 @@ class SubserverModel:
                 open_channel, pacing, delay_s = stream_opener(address, peer), BETWEEN_SERVERS, transport.delay_ms / 1e3
             else:
                 address, pacing, delay_s = "this server", SAME_SERVER, 0.0
-                open_channel = partial(BlsChannel, self._pb, peer, server_loaded=server_loaded)
+                open_channel = partial(BlsChannel, self._pb, peer, server_serving=server_serving)
             self._transport.add_link(PeerLink(
                 self.name, peer, address, open_channel, secret=peer_secret, view=view, pacing=pacing,
                 down_after_s=transport.down_after_s, delay_s=delay_s, on_up=self._on_peer_up,
@@ -160,6 +161,7 @@ class SubserverModel:
         self.subserver.peer_lost(peer, error)
 
     def execute(self, requests: list) -> None:
+        self._serving.saw_a_request()
         self._intake.execute(requests)
         return None
 
