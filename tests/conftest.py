@@ -4,10 +4,17 @@ Triton servers on them: one routing server for the whole session, and a module's
 A server start costs 10-30 s here (~9 Python stubs; the engines' import torch): a test that
 only needs *a* routing server uses ``routing_server`` (and ``openai_api``, the OpenAI server on it); a
 module starts its own (``start_server``) only for a repository of its own or to change the server's
-state (stop, reload, kill)."""
+state (stop, reload, kill).
+
+``python -m pytest -q -n 2`` runs the suite in two pytest-xdist workers, a file per worker at a time
+(``--dist loadfile`` in pyproject.toml keeps a module's own servers to one worker); each worker starts
+its own session servers and picks ports from its own half of the free range (``TOKENROUTER_PORT_SLICE``).
+Files that start servers or engines come first and the many quick unit files fill the gaps after them,
+so that neither worker is left with a long file at the end."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -15,6 +22,7 @@ import pytest
 
 from helpers.routing import routing_config
 from helpers.servers import OPENAI_KEY, add_unary_core, add_unary_front, openai_server, start_triton
+from tokenrouter.launch.free_ports import SLICE_VARIABLE
 from tokenrouter.launch.triton_install import build_backend_dir, find_triton
 from tokenrouter.launch.openai_process import OpenAIServer
 from tokenrouter.launch.triton_server import TritonServer
@@ -22,6 +30,25 @@ from tokenrouter.serving.repository import render_repository
 from tokenrouter_engines.tiny import FAMILIES, ensure_tiny_pair
 
 StartServer = Callable[..., TritonServer]
+
+
+# folders and file names of the tests that start servers, engines or benchmarks (tens of seconds each)
+SLOW_FILES = ("e2e/", "reliability/", "fleet/", "bench/", "vllm", "tensor_parallel", "docker/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow files first, each file's tests kept together and in order (a stable sort)."""
+    def slow_first(item: pytest.Item) -> bool:
+        path = item.nodeid.split("::")[0]
+        return not any(part in path for part in SLOW_FILES)
+
+    items.sort(key=slow_first)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ... in an xdist worker
+    if worker:  # inherited by every server and process the worker starts
+        os.environ[SLICE_VARIABLE] = f"{worker.removeprefix('gw')}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,9 @@ from tokenrouter.launch.triton_server import Ports
 
 @pytest.fixture
 def window(monkeypatch: pytest.MonkeyPatch) -> range:
-    """Picks limited to four ports somewhere below the ephemeral range."""
+    """Picks limited to four ports somewhere below the ephemeral range (this process's own slice of
+    the range, when parallel test workers set one, left out)."""
+    monkeypatch.delenv(free_ports.SLICE_VARIABLE, raising=False)
     lowest = random.randrange(21000, 31000)
     monkeypatch.setattr(free_ports, "_LOWEST", lowest)
     monkeypatch.setattr(free_ports, "_highest", lambda: lowest + 3)
@@ -40,3 +42,20 @@ def test_picks_stay_below_the_ephemeral_range() -> None:
     numbers = [port for triple in ports for port in (triple.http, triple.grpc, triple.metrics)]
     assert len(set(numbers)) == len(numbers)
     assert max(numbers) < ephemeral_start
+
+
+def test_parallel_workers_pick_from_disjoint_slices(window: range, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(free_ports, "_highest", lambda: window[0] + 7)  # eight ports, two slices of four
+    picked = {}
+    for index in (0, 1):
+        monkeypatch.setenv(free_ports.SLICE_VARIABLE, f"{index}/2")
+        picked[index] = {free_ports.free_port() for _ in range(4)}
+    assert picked[0] == set(range(window[0], window[0] + 4))
+    assert picked[1] == set(range(window[0] + 4, window[0] + 8))
+
+
+@pytest.mark.parametrize("value", ["2/2", "1", "a/b", "-1/2"])
+def test_a_malformed_slice_is_refused_by_name(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(free_ports.SLICE_VARIABLE, value)
+    with pytest.raises(ValueError, match=free_ports.SLICE_VARIABLE):
+        free_ports.free_port()
