@@ -57,7 +57,7 @@ class OpenAITarget:
             record.finish("error", "", reply.read().decode(errors="replace"))
             return record
         text: list[str] = []
-        counted, reason, share = 0, None, 0.0
+        counted, reason, share, cut = 0, None, 0.0, False
         for line in reply:
             if not line.startswith(b"data: "):
                 continue
@@ -79,9 +79,9 @@ class OpenAITarget:
             # Dynamo's frontend: the engine's last chunk's engine_data
             share = chunk.get("nvext", {}).get("engine_data", {}).get("large_model_share", share)
             if time.monotonic() >= deadline and not reason:
-                reason = "cancelled"
+                reason, cut = "cancelled", True
                 break
-        if reason == "cancelled":
+        if cut:
             connection.close()  # the next request opens a new one
         else:
             reply.read()  # to its end: the connection is reused
