@@ -172,7 +172,7 @@ def test_a_peer_that_never_loads_is_lost_after_down_after_s_with_what_was_held()
         wait_for(lambda: calls.down, timeout_s=5 * DOWN_AFTER_S)
         assert time.monotonic() - sent >= DOWN_AFTER_S
         error, = calls.down
-        assert "model 'llm' at this server is unreachable" in error and "not connected yet" in error
+        assert "model 'llm' at this server is unreachable" in error and "has not served a request yet" in error
         peer.serving.saw_a_request()
         wait_for(lambda: link.state == UP)
         time.sleep(0.05)

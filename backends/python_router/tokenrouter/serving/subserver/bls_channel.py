@@ -8,7 +8,8 @@ together in the next call (a burst of handoffs costs one round trip).
 A call the peer answered (its FINAL, or its error) is reported with its number; a call that raised
 (the peer model unloaded, the server stopping) breaks the channel, and the session opens another.
 
-No call goes out before Triton serves (``ServerServing``): until the whole server is ready it refuses
+No channel opens before Triton serves (``ServerServing``; the session tries again soon, as with any
+stream that cannot open, and messages wait): until the whole server is ready Triton refuses
 any call a stub makes into it ("Server not ready"), BLS and readiness questions alike, and Triton 2.51's
 Python backend crashed tritonserver on such refused calls while the real pair loaded for a minute and
 the session asked ten times a second (a SIGSEGV in libtriton_python.so after refused BLS calls, twice
@@ -20,7 +21,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from typing import Any, Callable
 
 from ..schema import PEER_INPUT, SUBSERVER_INPUTS
@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 # One call at a time; a broken channel is reopened soon (the peer is in this server); messages wait
 # for it meanwhile.
 SAME_SERVER = Pacing(in_flight=1, max_retry_s=0.1, hold_while_connecting=True)
-SERVING_POLL_S = 0.05  # a channel opened before the server serves waits for it (no call, no thread churn)
 
 
 class ServerServing:
@@ -49,10 +48,17 @@ class ServerServing:
         return self._serving.is_set()
 
 
+class ServerNotServing(RuntimeError):
+    """A channel asked for before this server serves (the session tries again soon)."""
+
+
 class BlsChannel:
     def __init__(self, pb_utils: Any, model: str, on_answer: Callable[[int | None, str | None], None],
                  on_broken: Callable[[str], None], *, server_serving: Callable[[], bool]) -> None:
-        self._pb, self._model, self._server_serving = pb_utils, model, server_serving
+        if not server_serving():
+            raise ServerNotServing("this server has not served a request yet: no call into it before all its "
+                                   "models are loaded")
+        self._pb, self._model = pb_utils, model
         self._on_answer, self._on_broken = on_answer, on_broken
         self._calls: queue.Queue[tuple[int, bytes, dict[str, str]] | None] = queue.Queue()  # None: closed
         self._closed = False
@@ -68,10 +74,6 @@ class BlsChannel:
 
     def _run(self) -> None:
         while (call := self._calls.get()) is not None and not self._closed:
-            while not self._server_serving():  # the session gives the hello up after down_after_s
-                if self._closed:
-                    return
-                time.sleep(SERVING_POLL_S)
             number, payload, parameters = call
             request = self._pb.InferenceRequest(
                 model_name=self._model, requested_output_names=[], parameters=parameters,
