@@ -128,6 +128,9 @@ def test_a_lost_instance_moves_only_its_own_requests_to_the_instances_left(pool,
     transport.send("llm", [handoff("a"), handoff("d"), release("b")])  # each where it is pinned now
     assert links[2].rids("handoff")[-1] == "a" and links[3].rids("handoff")[-1] == "d"  # (ties: the lowest id)
     assert len(links[1].sent) == sent_before and links[2].rids("release") == ["b"]
+    transport.send("llm", [release("a"), release("c"), release("d")])  # each release where its request is now
+    assert links[2].rids("release") == ["b", "a"] and links[3].rids("release") == ["c", "d"]
+    assert transport.pinned("llm") == {1: 0, 2: 0, 3: 0} and links[1].rids("release") == []
 
 
 def test_an_instance_lost_while_it_still_looks_up_gets_none_of_its_requests_back(pool, moved):
