@@ -437,6 +437,28 @@ def test_a_request_back_at_the_entry_is_not_sent_again_but_its_next_handoff_is_a
     assert new.on_message(sends(effects, "release")[0].message, 1.0) == [Release("r0")] and new.requests == {}
 
 
+
+def test_a_policy_that_keeps_a_sampled_token_on_a_handoff_sent_again_ends_the_request_alone():
+    """A handoff sent again follows no step, so there is no sampled token to keep: a policy message that
+    claims one (its last token would be committed as this model's) ends that request with the policy's
+    error. Catches a made-up token committed into the context."""
+
+    class KeepsOne(Scripted):
+        def send(self, request, peer):
+            message = request.message_to(peer, keep_sampled=False)
+            message.tokens.append(1)
+            message.origins.append(0)
+            message.keep_sampled = True
+            return message
+
+    policy = Scripted()
+    a, lost = core("a", policy=policy), core("b")
+    sink = away_at_b(a, lost, policy)
+    a.policy = KeepsOne()
+    effects = run(a.peer_forgot("r0", "b", 1.0))
+    assert sink.finish == "error" and "none was sampled" in sink.error and sink.tokens == [7]
+    assert Release("r0") in effects and sends(effects, "handoff") == [] and a.requests == {}
+
 def test_an_instance_lost_after_its_request_ended_changes_nothing():
     policy = Scripted()
     a, lost = core("a", policy=policy), core("b")
