@@ -1,6 +1,7 @@
 """The benchmark's Triton target against a real server: closed-loop gRPC streams, token
-attribution from `output_models`, the peer round-trip histogram read off the metrics port; and the
-served suite end to end on the shipped tiny config (one call for all its one-server and two-server systems)."""
+attribution from `output_models`, the peer round-trip histogram and the engines' busy time read off the
+metrics port; and the served suite end to end on the shipped tiny config (one call for all its one-server
+and two-server systems)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from tokenrouter.config import load_config
 from tokenrouter_tools.bench import prometheus
+from tokenrouter_tools.bench.busy_sampler import BUSY_COUNTER
 from tokenrouter_tools.bench.loadgen import run_closed_loop
 from tokenrouter_tools.bench.records import summarize
 from tokenrouter_tools.bench.runner import Timing
@@ -21,7 +23,7 @@ def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(ro
     server = routing_server  # the tiny pair, random policy at 30 %
     metrics_url = f"127.0.0.1:{server.ports.metrics}"
     before = prometheus.scrape(metrics_url)
-    target = TritonTarget(server.grpc_url, "llm")
+    target = TritonTarget(server.grpc_url, "llm", metrics_urls=[metrics_url])
     workload = Workload("short-long", (8, 16), 24, max_context=512)
     try:
         result = run_closed_loop(target, workload, TextPrompts(), clients=3, warmup_s=0.5, measure_s=2.0)
@@ -34,8 +36,14 @@ def test_triton_target_streams_attributed_tokens_and_the_peer_histogram_moves(ro
         assert r.finish_reason in ("length", "eos") and (r.finish_reason == "eos" or r.output_tokens == 24)
     summary = summarize(result.records, result.window, 3, large="llm")
     assert summary.output_tokens > 0 and 0 < summary.large_share < 1
-    peer = prometheus.histogram_delta(before, prometheus.scrape(metrics_url), PEER_HISTOGRAM)
+    after = prometheus.scrape(metrics_url)
+    peer = prometheus.histogram_delta(before, after, PEER_HISTOGRAM)
     assert peer["slm"]["count"] > 0 and peer["slm"]["mean_s"] > 0
+    # each engine's busy time, read while the target ran: within what the counter grew over the whole run
+    grew = prometheus.counter_delta(before, after, BUSY_COUNTER)
+    for model, spans in result.spans.items():
+        assert 0 < sum(end - start for start, end in spans) <= grew[model] + 1e-9, model
+    assert set(result.spans) == {"slm", "llm"}
 
 
 # Two servers with an injected peer delay are one more two-node deployment (2 starts, minutes under load):
@@ -76,7 +84,13 @@ def test_served_suite_alternates_the_paths_compares_two_servers_and_each_delay_w
             assert {"server: tritonserver", "server: slm", "server: llm"} <= set(cpu["server by process"])
             assert cpu["server"] == pytest.approx(sum(cpu["server by process"].values()))
             assert cpu["server by process"]["server: slm"] > 0
-        assert all(run["busy"] for run in runs["embedded"]) and not any(run["busy"] for run in runs["served"])
+        # busy shares from the embedded step log and, for the served paths, from the servers' counters
+        for run in (*runs["embedded"], *runs["served"], *runs["two-servers"]):
+            assert set(run["busy"]) == {"slm", "llm"} and run["busy"]["slm"] > 0, run["busy"]
+            # each engine's steps over the run: from the step log, or the servers' batch histogram and busy time
+            assert set(run["steps"]) == {"slm", "llm"}, run["steps"]
+            for steps in run["steps"].values():
+                assert steps["steps"] > 0 and steps["rows_per_step"] >= 1 and steps["ms_per_step"] > 0, steps
         assert comparisons["two-servers / served"]["throughput"]["per_rep"] == pytest.approx(
             [t["throughput"] / s["throughput"] for t, s in zip(runs["two-servers"], runs["served"])])
         assert comparisons["two-servers / served"]["throughput"]["target"] == 0.95
@@ -93,6 +107,7 @@ def test_served_suite_alternates_the_paths_compares_two_servers_and_each_delay_w
         per_handoff = comparisons["two-servers / served"]["server_cpu"]["difference_per_handoff_us"]
         assert len(per_handoff["per_rep"]) == 2
     text = markdown(result)
+    assert "ms per step" in text
     for name in ("served / embedded", "openai / served", "two-servers / served",
                  *(f"{system} / two-servers" for system in delayed_systems)):
         assert name in text

@@ -75,7 +75,8 @@ def _forged_messages() -> list[tuple[str, list[PeerMessage]]]:
     ]
 
 
-VICTIM_TOKENS = 128  # min_tokens too: no victim may end before the forgeries are all refused
+VICTIM_TOKENS = 400  # min_tokens too: no victim may end before the forgeries are all refused (128 did, with
+# two test workers on two cores); prompt + 400 stays within the tiny pair's 512-token context
 
 
 def _start_victims(pool: concurrent.futures.ThreadPoolExecutor, server) -> list[concurrent.futures.Future]:

@@ -12,7 +12,8 @@ A request still streaming at the deadline (the end of the measuring window) is c
 client closes its connection, which cancels the request in the server, as a user who goes away
 does; tokens after the window are not counted anyway, and waiting for them took minutes at low
 token rates. A cut request's tokens stay unattributed (the share comes with the last chunk), so the
-large share is over the requests that ended.
+large share is over the requests that ended. Given the Triton server's metrics port, it reads the
+engines' busy time while it runs (``busy_sampler``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from typing import Sequence
 from urllib.parse import urlsplit
 
 from tokenrouter import client
 
+from .busy_sampler import BusySampler
 from .records import Prompt, RequestRecord
 from .targets import PerThread, Spans
 
@@ -32,9 +35,11 @@ RESPONSE_TIMEOUT_S = 600.0
 
 class OpenAITarget:
     def __init__(self, url: str, large: str, model: str = client.DEFAULT_MODEL, entry: str = "entry",
-                 extra_body: dict | None = None) -> None:
-        """``extra_body``: more request fields (NVIDIA Dynamo's frontend: ``nvext``, for engine_data)."""
+                 extra_body: dict | None = None, metrics_urls: Sequence[str] = ()) -> None:
+        """``extra_body``: more request fields (NVIDIA Dynamo's frontend: ``nvext``, for engine_data);
+        ``metrics_urls``: the Triton servers whose engines' busy time to read."""
         self.extra_body = extra_body or {}
+        self._busy = BusySampler(metrics_urls)
         parts = urlsplit(url)
         if parts.hostname is None:
             raise ValueError(f"the OpenAI server's URL names no host: {url!r}")
@@ -91,7 +96,8 @@ class OpenAITarget:
         return record
 
     def step_spans(self) -> Spans:
-        return {}  # the subservers run in Triton's stub processes; see the metrics port instead
+        return self._busy.spans()
 
     def close(self) -> None:
         self._connections.close()
+        self._busy.close()

@@ -9,7 +9,9 @@ Both stay up for the whole comparison (the server once started and loaded, the e
 on engines loaded once), so a run measures serving, not start-up. Every concurrency N runs on the
 same server. The peer-message round trip of the served subservers comes from their
 ``tokenrouter_peer_send_seconds`` histogram on the metrics port (the difference across each served
-run); server CPU is counted per process of the server's group (tritonserver, each model's stub).
+run), each engine's busy share of the window from their busy-seconds counters (``busy_sampler``) as the
+embedded runtime's comes from its step log; server CPU is counted per process of the server's group
+(tritonserver, each model's stub).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tokenrouter.serving.repository import render_repository
 from tokenrouter.text import TextCodec
 
 from . import prometheus
+from .busy_sampler import BUSY_COUNTER
 from .compare import side_by_side
 from .cpu import group_cpu_by_process, own_cpu_seconds
 from .fleet import FRONTEND, Fleet
@@ -49,6 +52,7 @@ DYNAMO = "dynamo"  # one replica of the pair behind NVIDIA Dynamo's frontend (to
 DEFAULT_SYSTEMS = ("embedded", "served")
 TWO_SERVERS = "two-servers"
 PEER_HISTOGRAM = "tokenrouter_peer_send_seconds"
+BATCH_HISTOGRAM = "tokenrouter_batch_size"  # rows per engine step
 HANDOFFS = "tokenrouter_handoffs_total"
 OPENAI_SERVER = "openai server"  # its process's name among the server's
 
@@ -90,6 +94,11 @@ COMPARISONS = (
     # the added hop: Dynamo's frontend (its worker runs the pair, as Triton does for `served`)
     Comparison(DYNAMO, "served", throughput=0.95, ttft=1.2, cpu_ms=None, added_by=f"fleet: {FRONTEND}"),
 )
+
+
+def step_stats(steps: int, rows: float, busy_s: float) -> dict[str, float]:
+    """A model's engine steps over a whole run (warm-up too): how many, rows per step, ms per step."""
+    return {"steps": steps, "rows_per_step": rows / steps, "ms_per_step": 1e3 * busy_s / steps}
 
 
 def delay_comparisons(delays_ms: Sequence[float]) -> list[Comparison]:
@@ -187,18 +196,26 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
     def target(system: str) -> Target:
         if system == "embedded":
             return EmbeddedTarget(TokenRouter(config, engines=engines, codec=codec, step_log=STEP_LOG), large)
+        metrics = [f"127.0.0.1:{triton.ports.metrics}" for triton in servers(system).values()]
         if system in placed:
-            return TritonTarget(placed[system].entry.grpc_url, large)
+            return TritonTarget(placed[system].entry.grpc_url, large, metrics_urls=metrics)
         if system in fleets:
             return fleets[system].target(large)
-        return TritonTarget(server.grpc_url, large) if system == "served" else OpenAITarget(api.url, large)
+        return TritonTarget(server.grpc_url, large, metrics_urls=metrics) if system == "served" \
+            else OpenAITarget(api.url, large)
 
     def run(system: str, rep: int) -> dict[str, Any]:
         served = system != "embedded"
         before = scrape(system) if served else {}
         cpu_before = cpu_seconds(system)
-        result = closed_loop(target(system), workload, TextPrompts(), clients=clients, timing=timing, seed=seed + rep)
+        measured = target(system)
+        result = closed_loop(measured, workload, TextPrompts(), clients=clients, timing=timing, seed=seed + rep)
         row = summarize(result.records, result.window, clients, large=large, steps=result.spans).as_dict()
+        if isinstance(measured, EmbeddedTarget):
+            row["steps"] = {name: step_stats(len(log), sum(r.batch_size for r in log),
+                                             sum(r.end - r.start for r in log))
+                            for name, log in ((name, list(server.step_log or ()))
+                                              for name, server in measured.engine.subservers.items()) if log}
         # over the whole run (warm-up included), per output token; the OpenAI server counts only where it works
         tokens = max(1, sum(r.output_tokens for r in result.records))
         cpu = {where: 1e3 * (seconds - cpu_before.get(where, 0.0)) / tokens
@@ -208,11 +225,15 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
                                    "server by process": cpu}
         if served:
             after = scrape(system)
-            row["peer_send"], row["triton_queue"] = {}, {}
+            row["peer_send"], row["triton_queue"], row["steps"] = {}, {}, {}
             handoffs = 0.0
             for where in after:  # each model's numbers come from its own server
                 row["peer_send"].update(prometheus.histogram_delta(before[where], after[where], PEER_HISTOGRAM))
                 row["triton_queue"].update(prometheus.triton_queue_delta(before[where], after[where]))
+                busy = prometheus.counter_delta(before[where], after[where], BUSY_COUNTER)
+                for model, batches in prometheus.histogram_delta(before[where], after[where], BATCH_HISTOGRAM).items():
+                    row["steps"][model] = step_stats(batches["count"], batches["count"] * batches["mean_s"],
+                                                     busy.get(model, 0.0))
                 moved = prometheus.counter_delta(before[where], after[where], HANDOFFS, direction="out")
                 handoffs += sum(moved.values())
             row["handoffs_per_token"] = handoffs / tokens
@@ -262,11 +283,14 @@ def _cpu_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     points = result["points"]
+    models = sorted({model for p in points for m in p["medians"].values() for model in m["busy"]})
     rows = [[p["clients"], system, m["throughput"], ", ".join(fmt(x) for x in m["throughput_all"]),
              ms(m["ttft_median_s"]), ms(m["latency_median_s"]), pct(m["large_share"]),
+             *[pct(m["busy"].get(model)) for model in models],
              m["cpu_ms_per_token"]["this process"], m["cpu_ms_per_token"]["server"]]
             for p in points for system, m in p["medians"].items()]
     parts = [table(["N", "path", "tokens/s (median)", "per repetition", "TTFT p50 ms", "latency ms", "large share",
+                    *[f"{model} busy" for model in models],
                     "CPU ms/token, this process", "CPU ms/token, server"], rows),
              table(["N", "comparison", "throughput ratio", "per repetition", "verdict", "TTFT ratio", "verdict",
                     "server CPU ms/token", "verdict", "servers' total CPU difference ms/token",
@@ -291,6 +315,14 @@ def markdown(result: dict[str, Any]) -> str:
     parts.append(table(["N", "path", *[f"CPU ms/token, {name}" for name in processes]],
                        [[p["clients"], s, *[p["medians"][s]["cpu_ms_per_token"]["server by process"].get(name)
                                             for name in processes]] for p in points for s in served]))
+    stepped = [(p["clients"], s, model, [run["steps"][model] for run in runs if model in run.get("steps", {})])
+               for p in points for s, runs in p["runs"].items()
+               for model in sorted({m for run in runs for m in run.get("steps", {})})]
+    if stepped:
+        parts.append(table(["N", "path", "model", "engine steps per run", "rows per step", "ms per step"],
+                           [[n, s, model, *[median_of(step[key] for step in steps)
+                                            for key in ("steps", "rows_per_step", "ms_per_step")]]
+                            for n, s, model, steps in stepped]))
     peers = [(p["clients"], s, model, [run["peer_send"][model] for run in p["runs"][s] if model in run["peer_send"]])
              for p in points for s in served if s != "openai"
              for model in sorted({m for run in p["runs"][s] for m in run["peer_send"]})]

@@ -3,15 +3,18 @@
 Each client thread keeps one gRPC stream open (as a streaming client would) and sends its
 requests on it one after another. Tokens are stamped in the stream's callback, when the response
 reaches the client. A request still running at the deadline runs to its end; the window
-accounting ignores tokens after the deadline.
+accounting ignores tokens after the deadline. Given the servers' metrics ports, it reads their
+engines' busy time while it runs (``busy_sampler``), for the same busy shares an embedded run reports.
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import Sequence
 
 from tokenrouter import client
 
+from .busy_sampler import BusySampler
 from .records import Prompt, RequestRecord
 from .targets import PerThread, Spans
 
@@ -22,8 +25,10 @@ READ_OUTPUTS = ("text_output", "output_models", "finish_reason")
 
 
 class TritonTarget:
-    def __init__(self, url: str, large: str, model: str = client.DEFAULT_MODEL) -> None:
+    def __init__(self, url: str, large: str, model: str = client.DEFAULT_MODEL,
+                 metrics_urls: Sequence[str] = ()) -> None:
         self.url, self.large, self.model = url, large, model
+        self._busy = BusySampler(metrics_urls)
         self._streams = PerThread(lambda: client.GrpcStream(url))
         self._ids = itertools.count()
 
@@ -48,7 +53,8 @@ class TritonTarget:
         return record
 
     def step_spans(self) -> Spans:
-        return {}  # the subservers run in Triton's stub processes; see the metrics port instead
+        return self._busy.spans()
 
     def close(self) -> None:
         self._streams.close()
+        self._busy.close()

@@ -106,7 +106,8 @@ def tokenrouter_openai(config: TokenRouterConfig) -> Iterator[Opened]:
             server = server.start_ready(READY_S)
             api.triton_url = server.grpc_url
             api.start().wait_ready(300)
-            yield lambda: OpenAITarget(api.url, _large(config), entry=config.entry), {}
+            yield lambda: OpenAITarget(api.url, _large(config), entry=config.entry,
+                                       metrics_urls=[f"127.0.0.1:{server.ports.metrics}"]), {}
         finally:
             api.stop(grace_s=5)
             server.stop()
@@ -213,7 +214,7 @@ def _one_run(name: str, rep: int, clients: int, target: Target, workload: Worklo
     before = {n: s.metrics() for n, s in servers.items()}
     result = closed_loop(target, workload, source, clients=clients, timing=timing, seed=seed + rep)
     row = {"system": name, "rep": rep, "clients": clients,
-           **summarize(result.records, result.window, clients, large=target.large).as_dict(),
+           **summarize(result.records, result.window, clients, large=target.large, steps=result.spans).as_dict(),
            "error_samples": sorted({str(r.error) for r in result.records if r.finish_reason == "error"})[:3]}
     if isinstance(target, VllmStdServingTarget):
         report = target.call_report()
@@ -232,6 +233,9 @@ def medians(runs: list[dict[str, Any]], systems: Sequence[str], clients: Sequenc
             for key in keys:
                 present = [r[key] for r in rows if r[key] is not None]
                 point[key] = statistics.median(present) if present else None
+            # each engine's busy share of the window (TokenRouter's, read off its server's metrics port)
+            point["busy"] = {model: statistics.median(r["busy"][model] for r in rows if model in r["busy"])
+                             for model in sorted({m for r in rows for m in r.get("busy", {})})}
             calls = [r["calls"] for r in rows if r.get("calls")]
             if calls:
                 point["calls"] = {model: {k: statistics.median(c[model][k] for c in calls if c.get(model))
@@ -249,9 +253,11 @@ def report(result: dict[str, Any]) -> str:
         ratio = p["throughput"] / base["throughput"] if p["throughput"] and base and base["throughput"] else None
         rows.append([p["clients"], LABELS[p["system"]], p["throughput"], ", ".join(f"{x:.1f}" for x in
                      p["throughput_all"]), ms(p["ttft_median_s"]), ms(p["latency_median_s"]),
-                     p["per_user_median_tok_s"], pct(p["large_share"]), ratio, p["errors"]])
+                     p["per_user_median_tok_s"], pct(p["large_share"]),
+                     ", ".join(f"{model} {pct(share)}" for model, share in p.get("busy", {}).items()) or "-",
+                     ratio, p["errors"]])
     out = [table(["N", "system", "tokens/s (median)", "per rep", "TTFT ms", "latency ms", "per-user tok/s",
-                  "large share", "/ large alone", "errors"], rows)]
+                  "large share", "engines busy", "/ large alone", "errors"], rows)]
     split = [[p["clients"], model, c.get("calls"), c.get("client_ms"), c.get("request_queue_time_ms"),
               c.get("request_prefill_time_ms"), c.get("e2e_request_latency_ms"), c.get("outside_engine_ms"),
               c.get("context_tokens"), c.get("computed_tokens")]
