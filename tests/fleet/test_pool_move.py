@@ -9,7 +9,6 @@ writes the right one."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -23,6 +22,8 @@ from tokenrouter.runtime.strategies import Strategy
 from tokenrouter.runtime.subserver import Subserver
 from tokenrouter.runtime.transport import InProcessTransport
 from tokenrouter.serving.subserver.sending_session import CONNECTING, UP
+
+from helpers.done_sink import DoneSink
 
 PROMPT = [1, 2, 3, 4]
 MAX_TOKENS = 12
@@ -94,19 +95,6 @@ class Link:
         pass
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.tokens: list[int] = []
-        self.finish = self.error = None
-
-    def on_output(self, tokens, origins, finish_reason=None, error=None, logprobs=None) -> None:
-        self.tokens += tokens
-        if finish_reason is not None:
-            self.finish, self.error = finish_reason, error
-            self.done.set()
-
-
 def wait_for(condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + 5
     while not condition():
@@ -135,7 +123,7 @@ class Pool:
         for instance, link in self.links.items():
             self.transport.add("llm", instance, link)  # type: ignore[arg-type]
 
-    def lose_the_first_instance_under(self, sink: Sink) -> None:
+    def lose_the_first_instance_under(self, sink: DoneSink) -> None:
         """Start everything, submit the request, and lose instance 1 once the request is away there."""
         for server in (self.entry, *self.peers.values()):
             server.start()
@@ -151,7 +139,7 @@ class Pool:
 
 
 def test_a_request_away_at_a_lost_instance_ends_at_the_other_with_the_same_tokens_and_kv_balances():
-    pool, sink = Pool(), Sink()
+    pool, sink = Pool(), DoneSink()
     try:
         pool.lose_the_first_instance_under(sink)
         expected = [token_at(length) for length in range(len(PROMPT), len(PROMPT) + MAX_TOKENS)]
@@ -165,7 +153,7 @@ def test_a_request_away_at_a_lost_instance_ends_at_the_other_with_the_same_token
 
 
 def test_with_no_other_instance_linked_the_request_ends_with_the_loss_and_frees_its_kv():
-    pool, sink = Pool(second_state=CONNECTING), Sink()
+    pool, sink = Pool(second_state=CONNECTING), DoneSink()
     try:
         pool.lose_the_first_instance_under(sink)
         assert sink.finish == "error" and sink.error == "model 'llm' instance 1 is unreachable"
