@@ -47,9 +47,16 @@ def release(rid: str) -> PeerMessage:
 
 
 @pytest.fixture
-def pool() -> tuple[PinnedTransport, dict[int, FakeLink], list[tuple[str, str]]]:
+def moved() -> list[tuple[str, str]]:
+    """What ``on_moved`` told the entry: (model, rid) of each request that goes on at another instance."""
+    return []
+
+
+@pytest.fixture
+def pool(moved) -> tuple[PinnedTransport, dict[int, FakeLink], list[tuple[str, str]]]:
     lost: list[tuple[str, str]] = []
-    transport = PinnedTransport(on_lost=lambda rid, error: lost.append((rid, error)))
+    transport = PinnedTransport(on_lost=lambda rid, error: lost.append((rid, error)),
+                                on_moved=lambda model, rid: moved.append((model, rid)))
     links = {instance: FakeLink(lambda model, error, instance=instance: transport.instance_lost(model, instance, error))
              for instance in (1, 2)}
     for instance, link in links.items():
@@ -105,25 +112,59 @@ def test_with_no_instance_up_a_new_request_ends_alone_and_the_rest_of_the_step_g
     assert transport.pinned("llm") == {1: 0, 2: 0}
 
 
-def test_a_lost_instance_ends_only_the_requests_pinned_there(pool):
+def test_a_lost_instance_moves_only_its_own_requests_to_the_instances_left(pool, moved):
+    """Each request pinned to the lost instance is pinned again, at once, to the least pinned instance
+    left, and the entry hears of it (``on_moved``: it sends the request there whole); none ends."""
+    transport, links, lost = pool
+    links[3] = FakeLink(lambda model, error: transport.instance_lost(model, 3, error))
+    transport.add("llm", 3, links[3])  # type: ignore[arg-type]
+    transport.send("llm", [handoff("a"), handoff("b"), handoff("c"), handoff("d")])
+    assert transport.pinned("llm") == {1: 2, 2: 1, 3: 1}
+    links[1].state = CONNECTING
+    transport.instance_lost("llm", 1, "model 'llm' is unreachable: no answer for 2 s")
+    assert lost == [] and sorted(moved) == [("llm", "a"), ("llm", "d")]
+    assert transport.pinned("llm") == {1: 0, 2: 2, 3: 2}
+    sent_before = len(links[1].sent)
+    transport.send("llm", [handoff("a"), handoff("d"), release("b")])  # each where it is pinned now
+    assert links[2].rids("handoff")[-1] == "a" and links[3].rids("handoff")[-1] == "d"  # (ties: the lowest id)
+    assert len(links[1].sent) == sent_before and links[2].rids("release") == ["b"]
+    transport.send("llm", [release("a"), release("c"), release("d")])  # each release where its request is now
+    assert links[2].rids("release") == ["b", "a"] and links[3].rids("release") == ["c", "d"]
+    assert transport.pinned("llm") == {1: 0, 2: 0, 3: 0} and links[1].rids("release") == []
+
+
+def test_an_instance_lost_while_it_still_looks_up_gets_none_of_its_requests_back(pool, moved):
+    """A session an instance replaced is a loss too while its link still reads up: the requests go to
+    another instance, never back to the one that forgot them."""
+    transport, links, lost = pool
+    transport.send("llm", [handoff("a"), handoff("b")])  # one on each: a tie would pick instance 1
+    transport.instance_lost("llm", 1, "'llm' started a new session")
+    assert moved == [("llm", "a")] and lost == [] and transport.pinned("llm") == {1: 0, 2: 2}
+    transport.send("llm", [handoff("a")])
+    assert links[2].rids("handoff") == ["b", "a"] and links[1].rids("handoff") == ["a"]
+
+
+def test_a_lost_instance_with_no_other_linked_ends_its_requests_and_only_those(pool, moved):
     transport, links, lost = pool
     transport.send("llm", [handoff("a"), handoff("b"), handoff("c")])
     assert transport.pinned("llm") == {1: 2, 2: 1}
+    links[2].state = CONNECTING  # the other instance is down too: nowhere to go on
     transport.instance_lost("llm", 1, "model 'llm' is unreachable: no answer for 2 s")
-    assert sorted(rid for rid, _ in lost) == ["a", "c"] and all("no answer" in error for _, error in lost)
+    assert moved == [] and sorted(rid for rid, _ in lost) == ["a", "c"]
+    assert all("no answer" in error for _, error in lost)
     assert transport.pinned("llm") == {1: 0, 2: 1}
-    links[1].state = CONNECTING
+    links[1].state, links[2].state = CONNECTING, UP
     transport.send("llm", [release("a"), release("c"), handoff("d")])  # the entry ends them; a new one comes
     assert links[1].rids("release") == [] and links[2].rids("handoff") == ["b", "d"]
 
 
-def test_a_handoff_to_an_instance_whose_session_is_down_ends_what_is_pinned_there_and_not_its_neighbours(pool):
+def test_a_handoff_to_an_instance_whose_session_is_down_moves_what_is_pinned_there(pool, moved):
     transport, links, lost = pool
     transport.send("llm", [handoff("a"), handoff("b")])
     links[1].state = CONNECTING  # its session was given up before the loss was reported
     transport.send("llm", [handoff("a"), handoff("b")])
-    assert lost == [("a", "not connected yet")]
-    assert links[2].rids("handoff") == ["b", "b"] and transport.pinned("llm") == {1: 0, 2: 1}
+    assert moved == [("llm", "a")] and lost == []
+    assert links[2].rids("handoff") == ["b", "b"] and transport.pinned("llm") == {1: 0, 2: 2}
 
 
 def test_a_request_pinned_to_an_instance_that_left_ends_with_an_error(pool):

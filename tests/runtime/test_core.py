@@ -373,6 +373,100 @@ def test_a_peer_that_loses_the_entry_releases_everything_and_one_that_loses_anot
     assert b.active == 0  # N as the lost entry last told it would hold this model's thresholds forever
 
 
+# --- a peer instance lost, another of the same model takes its requests ---------------------------------
+def away_at_b(a: SubserverCore, b: SubserverCore, policy: Scripted) -> Sink:
+    """r0 (prompt 1 2 3) handed to ``b``, which commits 7 there (the entry accepts it as progress)."""
+    sink = submit(a, "r0", max_tokens=4)
+    a.tick(0.0)
+    policy.plan[("a", "r0")] = "b"
+    run(b.on_message(sends(step(a, a.schedule(0.0), [9]), "handoff")[0].message, 0.0))
+    del policy.plan[("a", "r0")]  # (back at the entry, it stays)
+    progress = sends(step(b, b.schedule(0.0), [7]), "progress")[0].message
+    run(a.on_message(progress, 0.0))
+    assert sink.tokens == [7] and not a.requests["r0"].here
+    return sink
+
+
+def test_a_request_away_at_a_lost_instance_is_sent_whole_to_the_new_one_and_ends_there_as_before():
+    """Rule: the entry holds every token, so a request away at a lost instance goes on at another
+    instance of the same model: handed off again as a first visit (anchor 0, the whole context with the
+    tokens the lost one sent back, the spec); the new instance prefills it and decodes on; the output
+    goes on where it was, and KV is released on both sides at the end. Catches a loss that ends the
+    request, a re-send from the old anchor (the new instance holds nothing: it would drop it and the
+    request would hang), and tokens lost or doubled."""
+    policy, back = Scripted(), Scripted(keep_sampled=True)
+    a, lost, new = core("a", policy=policy), core("b", policy=back), core("b", policy=back)
+    sink = away_at_b(a, lost, policy)
+    again = sends(run(a.peer_forgot("r0", "b", 1.0)), "handoff")
+    assert [s.peer for s in again] == ["b"]
+    message = again[0].message
+    assert (message.anchor, message.tokens, message.origins) == (0, [1, 2, 3, 7], [-1, -1, -1, 1])
+    assert message.request == a.requests["r0"].spec and sink.finish is None
+    run(new.on_message(message, 1.0))
+    batch = new.schedule(1.0)
+    assert batch.rows[0].new_tokens == [1, 2, 3, 7]  # the whole context, prefilled there
+    back.plan[("b", "r0")] = "a"
+    returned = sends(step(new, batch, [6]), "handoff")[0].message
+    run(a.on_message(returned, 1.0))
+    assert sink.tokens == [7, 6] and sink.origins == [1, 1] and a.requests["r0"].here
+    effects = step(a, a.schedule(1.0), [5]) + step(a, a.schedule(1.0), [4])
+    assert sink.tokens == [7, 6, 5, 4] and sink.finish == "length" and Release("r0") in effects
+    assert new.on_message(sends(effects, "release")[0].message, 1.0) == [Release("r0")] and new.requests == {}
+    assert a.requests == {} and a.active == 0
+
+
+def test_a_request_back_at_the_entry_is_not_sent_again_but_its_next_handoff_is_a_first_visit():
+    """Rule: a request merely pinned to the lost instance (held by the entry now) stays; what that
+    instance had seen is forgotten, so its next handoff carries the whole context to the new instance.
+    A cancel then frees it there. Catches a re-send of a request held here (two holders) and a next
+    handoff that assumes KV the new instance never had."""
+    policy, back = Scripted(), Scripted(keep_sampled=True)
+    a, lost, new = core("a", policy=policy), core("b", policy=back), core("b")
+    sink = away_at_b(a, lost, policy)
+    back.plan[("b", "r0")] = "a"
+    run(a.on_message(sends(step(lost, lost.schedule(0.0), [6]), "handoff")[0].message, 0.0))
+    assert a.requests["r0"].here and a.requests["r0"].known["b"] == 5
+    assert a.peer_forgot("r0", "b", 1.0) == [] and "b" not in a.requests["r0"].known
+    policy.plan[("a", "r0")] = "b"
+    message = sends(step(a, a.schedule(1.0), [8]), "handoff")[0].message
+    assert (message.anchor, message.tokens, message.request) == (0, [1, 2, 3, 7, 6], a.requests["r0"].spec)
+    run(new.on_message(message, 1.0))
+    assert new.requests["r0"].token_ids == [1, 2, 3, 7, 6] and new.schedule(1.0).rids == ["r0"]
+    effects = run(a.cancel("r0", 1.0))
+    assert sink.finish == "cancelled" and Release("r0") in effects and a.requests == {}
+    assert new.on_message(sends(effects, "release")[0].message, 1.0) == [Release("r0")] and new.requests == {}
+
+
+
+def test_a_policy_that_keeps_a_sampled_token_on_a_handoff_sent_again_ends_the_request_alone():
+    """A handoff sent again follows no step, so there is no sampled token to keep: a policy message that
+    claims one (its last token would be committed as this model's) ends that request with the policy's
+    error. Catches a made-up token committed into the context."""
+
+    class KeepsOne(Scripted):
+        def send(self, request, peer):
+            message = request.message_to(peer, keep_sampled=False)
+            message.tokens.append(1)
+            message.origins.append(0)
+            message.keep_sampled = True
+            return message
+
+    policy = Scripted()
+    a, lost = core("a", policy=policy), core("b")
+    sink = away_at_b(a, lost, policy)
+    a.policy = KeepsOne()
+    effects = run(a.peer_forgot("r0", "b", 1.0))
+    assert sink.finish == "error" and "none was sampled" in sink.error and sink.tokens == [7]
+    assert Release("r0") in effects and sends(effects, "handoff") == [] and a.requests == {}
+
+def test_an_instance_lost_after_its_request_ended_changes_nothing():
+    policy = Scripted()
+    a, lost = core("a", policy=policy), core("b")
+    away_at_b(a, lost, policy)
+    run(a.cancel("r0", 0.5))
+    assert a.peer_forgot("r0", "b", 1.0) == [] and a.requests == {}
+
+
 def test_cancel_between_schedule_and_step_result_skips_the_row():
     """Catches a step result applied to a request that already ended (a second finish)."""
     a = core()

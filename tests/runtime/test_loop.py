@@ -20,6 +20,8 @@ from tokenrouter.runtime.strategies import Strategy
 from tokenrouter.runtime.subserver import Subserver
 from tokenrouter.runtime.transport import InProcessTransport
 
+from helpers.done_sink import DoneSink
+
 
 class CountingEngine:
     """Samples token 1 for every row; holds no KV beyond a set of sequence ids."""
@@ -53,19 +55,6 @@ class Stay:
         return [view.model for view in batch]
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.tokens: list[int] = []
-        self.finish = self.error = None
-
-    def on_output(self, tokens, origins, finish_reason=None, error=None, logprobs=None) -> None:
-        self.tokens += tokens
-        if finish_reason is not None:
-            self.finish, self.error = finish_reason, error
-            self.done.set()
-
-
 def entry(engine: CountingEngine, max_queue: int = 64) -> Subserver:
     limits = Limits(max_batch_size=4, max_prefill_tokens=64, max_wait_s=0.01, max_model_len=64, max_active=4,
                     max_queue=max_queue, queue_timeout_s=0, max_bypass=0)
@@ -83,10 +72,10 @@ def test_a_loop_that_dies_is_observable_and_fails_its_requests(monkeypatch):
     deaths: list[tuple[str, bool]] = []  # (the thread it ran on, whether the requests had been failed by then)
     server.start(on_death=lambda: deaths.append((threading.current_thread().name, server.died.is_set())))
     try:
-        first = Sink()
+        first = DoneSink()
         server.submit("r0", [1, 2], RequestSpec(prompt_len=2, max_tokens=3), first)
         assert first.done.wait(5) and first.finish == "length" and server.alive
-        stuck = Sink()
+        stuck = DoneSink()
         original = server.core.on_step
 
         def broken(batch, result, now):
@@ -104,7 +93,7 @@ def test_a_loop_that_dies_is_observable_and_fails_its_requests(monkeypatch):
             time.sleep(0.01)
         assert deaths == [("subserver-a", True)]  # where the Triton glue takes the stub down, once
         assert engine.held == set()  # its KV was released
-        late = Sink()
+        late = DoneSink()
         with pytest.raises(RuntimeError, match="is down"):
             server.submit("r2", [1], RequestSpec(prompt_len=1, max_tokens=2), late)
     finally:
@@ -126,7 +115,7 @@ def test_a_stopped_loop_is_not_alive_and_ends_requests_in_flight():
     assert not server.alive  # not started yet
     server.start()
     assert server.alive
-    sink = Sink()
+    sink = DoneSink()
     server.submit("r0", [1], RequestSpec(prompt_len=1, max_tokens=60), sink)
     server.stop()
     assert not server.alive and sink.done.wait(5) and sink.finish in ("error", "length")
@@ -140,9 +129,9 @@ def test_the_queue_bound_counts_submissions_the_loop_has_not_taken_yet():
     server = entry(CountingEngine(), max_queue=2)
     spec = RequestSpec(prompt_len=3, max_tokens=4, end_ids=[0])
     for rid in ("r0", "r1"):
-        server.submit(rid, [1, 2, 3], spec, Sink())
+        server.submit(rid, [1, 2, 3], spec, DoneSink())
     with pytest.raises(ServerBusy, match=r"2 requests queued \(max_queue 2\)"):
-        server.submit("r2", [1, 2, 3], spec, Sink())
+        server.submit("r2", [1, 2, 3], spec, DoneSink())
     assert server.queued == 2 and server.stats.refused_busy == 1
     server.start()  # the loop takes both in and admits them: the queue has room again
     try:
@@ -150,6 +139,6 @@ def test_the_queue_bound_counts_submissions_the_loop_has_not_taken_yet():
             if server.queued == 0:
                 break
             threading.Event().wait(0.01)
-        server.submit("r2", [1, 2, 3], spec, Sink())
+        server.submit("r2", [1, 2, 3], spec, DoneSink())
     finally:
         server.stop()

@@ -9,8 +9,11 @@ instance (peer_link.py over dynamo_channel.py), and each request pinned to one i
 - **Admission** stays the entry core's: it counts the model's KV as one instance's capacity, so the
   requests pinned across the pool never exceed what any one instance holds (safe, conservative).
 - **Loss**: when an instance's session is given up (it died, or did not answer for
-  ``transport.down_after_s``), the requests pinned to it end with an error (``on_lost(rid, error)``);
-  a new request goes to the others. Instances that register later get a link of their own.
+  ``transport.down_after_s``), each request pinned to it is pinned to another linked instance of the
+  model (placed as a new one) and ``on_moved(model, rid)`` tells the entry, which sends it there whole
+  (a first visit: the entry holds every token of it). With no other instance linked, it ends with an
+  error (``on_lost(rid, error)``). A new request goes to the instances left. Instances that register
+  later get a link of their own.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ log = logging.getLogger(__name__)
 
 
 class PinnedTransport(Transport):
-    def __init__(self, on_lost: Callable[[str, str], None]) -> None:
-        self._on_lost = on_lost
+    def __init__(self, on_lost: Callable[[str, str], None], on_moved: Callable[[str, str], None]) -> None:
+        self._on_lost, self._on_moved = on_lost, on_moved
         self._lock = threading.Lock()  # links come and go on Dynamo's loop; sends come from the subserver's
         self._links: dict[str, dict[int, PeerLink]] = defaultdict(dict)  # model -> instance -> link
         self._pins: dict[str, dict[str, int]] = defaultdict(dict)  # model -> rid -> instance
@@ -62,13 +65,31 @@ class PinnedTransport(Transport):
             link.close()
 
     def instance_lost(self, model: str, instance: int, error: str) -> None:
-        """The session to ``instance`` was given up: what was pinned there ends with ``error``."""
+        """The session to ``instance`` was given up: what was pinned there moves to the other linked
+        instances (``on_moved``), or ends with ``error`` when there is none (``on_lost``)."""
         with self._lock:
-            lost = [rid for rid, pinned in self._pins[model].items() if pinned == instance]
-            for rid in lost:
-                del self._pins[model][rid]
+            pins = self._pins[model]
+            others = {other: link for other, link in self._links[model].items() if other != instance}
+            lost: list[str] = []
+            moved: list[str] = []
+            for rid in [rid for rid, pinned in pins.items() if pinned == instance]:
+                # Pinned at once (not at its next handoff): a handoff sent meanwhile must not land on the
+                # lost instance again, which may still look up (a session it replaced) yet holds nothing.
+                target = self._place(others, pins)
+                if target is None:
+                    del pins[rid]
+                    lost.append(rid)
+                else:
+                    pins[rid] = target
+                    moved.append(rid)
+        if moved:
+            log.warning("%s instance %x lost: %d request(s) go on at other instances: %s", model, instance,
+                        len(moved), error)
         if lost:
-            log.error("%s instance %d lost with %d request(s): %s", model, instance, len(lost), error)
+            log.error("%s instance %x lost with %d request(s), no other instance linked: %s", model, instance,
+                      len(lost), error)
+        for rid in moved:
+            self._on_moved(model, rid)
         for rid in lost:
             self._on_lost(rid, error)
 

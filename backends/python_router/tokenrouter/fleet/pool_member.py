@@ -77,7 +77,8 @@ class PoolMember:
         is_entry = name == config.entry
         # The entry reaches a pool of instances per peer model; a peer reaches the one entry.
         transport: PlacedTransport | PinnedTransport = (
-            PinnedTransport(on_lost=lambda rid, error: subserver.fail(rid, error)) if is_entry
+            PinnedTransport(on_lost=lambda rid, error: subserver.fail(rid, error),
+                            on_moved=lambda peer, rid: subserver.peer_forgot(peer, rid)) if is_entry
             else PlacedTransport())
         subserver = build_lone_subserver(config, name, engine, transport)
         member = cls(config, name, subserver, transport)

@@ -119,6 +119,22 @@ class SubserverCore:
         self.role.on_peer_lost(peer, error, fx)
         return fx
 
+    def peer_forgot(self, rid: str, peer: str, now: float) -> list[Effect]:
+        """``peer`` holds nothing of ``rid`` any more: the instance of that model that held its KV is gone,
+        and another instance of the same model takes the request. What ``peer`` had seen is forgotten, so
+        the next handoff there is a first visit (the whole context, anchor 0, the request's spec); a
+        request away there now is handed off so at once. The tokens the lost instance sent back and this
+        model accepted stay (greedy: the new instance would write the same ones)."""
+        self.now = now
+        fx: list[Effect] = []
+        request = self.requests.get(rid)
+        if request is None:
+            return fx  # over already
+        request.known.pop(peer, None)
+        if not request.here and request.sent_to == peer:
+            self._hand_off(request, peer, None, fx)
+        return fx
+
     def away_at(self, peer: str) -> list[RequestState]:
         """The requests this model handed to ``peer`` last and does not hold now."""
         return [r for r in self.requests.values() if not r.here and r.sent_to == peer]
@@ -255,18 +271,21 @@ class SubserverCore:
             return True
         return False
 
-    def _hand_off(self, request: RequestState, peer: str, sampled: int, fx: list[Effect]) -> None:
+    def _hand_off(self, request: RequestState, peer: str, sampled: int | None, fx: list[Effect]) -> None:
+        """``sampled``: the token this model's last step sampled (None: a handoff sent again, with no step)."""
         try:
             message = self.policy.send(request.view(), peer)
             expected = len(request.token_ids) + (1 if message.keep_sampled else 0)
+            if message.keep_sampled and sampled is None:
+                raise ValueError("it keeps a sampled token, and none was sampled")
             if message.anchor != request.known.get(peer, 0) or message.end != expected:
                 raise ValueError(f"its handoff covers [{message.anchor}, {message.end}) of a context of {expected}")
         except Exception as exc:
             self._fail(request, f"policy '{self.policy.name}' failed to send: {type(exc).__name__}: {exc}", fx)
             return
         # A kept sampled token is committed here (attributed to this model) and may end the request.
-        if message.keep_sampled and self.commit(request, [sampled], [self.index], fx,
-                                                [request.sampled_logprob], inform_entry=False):
+        if message.keep_sampled and sampled is not None and self.commit(request, [sampled], [self.index], fx,
+                                                                        [request.sampled_logprob], inform_entry=False):
             return
         stamp_handoff(request, message, sender=self.name, peer=peer, active=self.active)
         self.runnable.pop(request.rid, None)

@@ -50,4 +50,13 @@ class PeerLost:
     error: str
 
 
-Event = Delivered | Submitted | Cancelled | Failed | PeerLost | Wake
+@dataclass(frozen=True, slots=True)
+class PeerForgot:
+    """``peer`` holds nothing of ``rid`` any more (the instance that held it is gone; another one of the
+    same model takes the request): it goes there whole."""
+
+    peer: str
+    rid: str
+
+
+Event = Delivered | Submitted | Cancelled | Failed | PeerLost | PeerForgot | Wake

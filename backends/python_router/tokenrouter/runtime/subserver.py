@@ -22,7 +22,7 @@ from ..engine.base import Engine, EngineLost
 from ..protocol import PeerMessage, RequestSpec
 from .core import SubserverCore
 from .effects import Batch, Effect, Emit, Release, Routed, Send
-from .inbox import Cancelled, Delivered, Event, Failed, PeerLost, Submitted, Wake
+from .inbox import Cancelled, Delivered, Event, Failed, PeerForgot, PeerLost, Submitted, Wake
 from .observers import StepLog, StepObserver, StepRecord
 from .request import ClientSink, Submission
 from .strategies import Strategy
@@ -115,6 +115,11 @@ class Subserver:
         """``peer`` is unreachable: the requests that cannot go on without it end with ``error``."""
         self._put(PeerLost(peer, error))
 
+    def peer_forgot(self, peer: str, rid: str) -> None:
+        """``peer`` holds nothing of ``rid`` any more (its instance there is gone; another one takes it):
+        the request goes on there from its whole context (``SubserverCore.peer_forgot``)."""
+        self._put(PeerForgot(peer, rid))
+
     def fail(self, rid: str, error: str) -> None:
         """End a request with an error from outside the loop (e.g. its handoff could not be sent)."""
         self._put(Failed(rid, error))
@@ -183,6 +188,8 @@ class Subserver:
                 self._apply(self.core.fail(rid, error, now))
             case PeerLost(peer, error):
                 self._apply(self.core.peer_lost(peer, error, now))
+            case PeerForgot(peer, rid):
+                self._apply(self.core.peer_forgot(rid, peer, now))
             case Wake():
                 pass
 
