@@ -11,12 +11,18 @@ from tokenrouter.launch import free_ports
 from tokenrouter.launch.triton_server import Ports
 
 
+WINDOW = 8  # ports the tests below may pick from: four, or two slices of four
+
+
 @pytest.fixture
 def window(monkeypatch: pytest.MonkeyPatch) -> range:
     """Picks limited to four ports somewhere below the ephemeral range (this process's own slice of
-    the range, when parallel test workers set one, left out)."""
+    the range, when parallel test workers set one, left out), in a window of WINDOW ports that this
+    process has not handed out and no listener holds: the session's servers hold some by now."""
     monkeypatch.delenv(free_ports.SLICE_VARIABLE, raising=False)
-    lowest = random.randrange(21000, 31000)
+    lowest = next(first for first in iter(lambda: random.randrange(21000, 31000), None)
+                  if not free_ports._handed_out.intersection(range(first, first + WINDOW))
+                  and free_ports._bindable(range(first, first + WINDOW), "127.0.0.1"))
     monkeypatch.setattr(free_ports, "_LOWEST", lowest)
     monkeypatch.setattr(free_ports, "_highest", lambda: lowest + 3)
     return range(lowest, lowest + 4)
@@ -45,7 +51,7 @@ def test_picks_stay_below_the_ephemeral_range() -> None:
 
 
 def test_parallel_workers_pick_from_disjoint_slices(window: range, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(free_ports, "_highest", lambda: window[0] + 7)  # eight ports, two slices of four
+    monkeypatch.setattr(free_ports, "_highest", lambda: window[0] + WINDOW - 1)  # two slices of four
     picked = {}
     for index in (0, 1):
         monkeypatch.setenv(free_ports.SLICE_VARIABLE, f"{index}/2")
