@@ -196,11 +196,11 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
     def target(system: str) -> Target:
         if system == "embedded":
             return EmbeddedTarget(TokenRouter(config, engines=engines, codec=codec, step_log=STEP_LOG), large)
+        if system in fleets:
+            return fleets[system].target(large)
         metrics = [f"127.0.0.1:{triton.ports.metrics}" for triton in servers(system).values()]
         if system in placed:
             return TritonTarget(placed[system].entry.grpc_url, large, metrics_urls=metrics)
-        if system in fleets:
-            return fleets[system].target(large)
         return TritonTarget(server.grpc_url, large, metrics_urls=metrics) if system == "served" \
             else OpenAITarget(api.url, large)
 
@@ -212,10 +212,9 @@ def _compare_at(clients: int, config: TokenRouterConfig, engines: dict[str, Engi
         result = closed_loop(measured, workload, TextPrompts(), clients=clients, timing=timing, seed=seed + rep)
         row = summarize(result.records, result.window, clients, large=large, steps=result.spans).as_dict()
         if isinstance(measured, EmbeddedTarget):
+            logs = {name: list(sub.step_log) for name, sub in measured.engine.subservers.items() if sub.step_log}
             row["steps"] = {name: step_stats(len(log), sum(r.batch_size for r in log),
-                                             sum(r.end - r.start for r in log))
-                            for name, log in ((name, list(server.step_log or ()))
-                                              for name, server in measured.engine.subservers.items()) if log}
+                                             sum(r.end - r.start for r in log)) for name, log in logs.items()}
         # over the whole run (warm-up included), per output token; the OpenAI server counts only where it works
         tokens = max(1, sum(r.output_tokens for r in result.records))
         cpu = {where: 1e3 * (seconds - cpu_before.get(where, 0.0)) / tokens
