@@ -52,7 +52,7 @@ class FakeDynamoClient:
             raise Exception(f"Unavailable: instance_id={instance_id} not found")  # what Dynamo raises
         await asyncio.sleep(self.delay_s.get(call["number"], 0.0))
         assert call["origin"] == ORIGIN
-        handler = peer_handler(lambda origin: self.receiver.sessions, self.receiver.applied.append)
+        handler = peer_handler(lambda origin: self.receiver.sessions, self.receiver.apply)
 
         async def answers():
             async for answer in handler(call, None):
@@ -66,6 +66,10 @@ class Receiver:
         self.applied: list[PeerMessage] = []
         self.lost: list[str] = []
         self.sessions = PeerSessions(VIEW, {"a": secret}, here="'b'", on_session_lost=lambda s, w: self.lost.append(s))
+
+    def apply(self, message: PeerMessage, origin: Any) -> None:
+        assert origin == ORIGIN
+        self.applied.append(message)
 
 
 @pytest.fixture
@@ -164,7 +168,7 @@ def test_no_instance_registered_keeps_the_link_down_with_the_reason(loop):
                                   {"number": 1, "payload": "not json", "parameters": {}}])
 def test_a_malformed_call_is_answered_with_an_error_and_applies_nothing(call):
     receiver = Receiver()
-    answer = answer_call(lambda origin: receiver.sessions, receiver.applied.append, call)
+    answer = answer_call(lambda origin: receiver.sessions, receiver.apply, call)
     assert answer["error"] and receiver.applied == []
 
 
@@ -173,10 +177,10 @@ def test_a_batch_with_a_bad_payload_is_refused_after_a_good_hello():
     hello = {"number": 0, "payload": "[]",
              "parameters": {LINK_SECRET_PARAMETER: SECRET, LINK_PARAMETER: "a/e1/0",
                             "tokenrouter_link_hello": '{"models": ["a", "b"]}'}}
-    assert answer_call(lambda origin: receiver.sessions, receiver.applied.append, hello) == {"number": 0}
+    assert answer_call(lambda origin: receiver.sessions, receiver.apply, hello) == {"number": 0}
     bad = {"number": 1, "payload": "{not a list", "parameters": {LINK_SECRET_PARAMETER: SECRET,
                                                                   LINK_PARAMETER: "a/e1/1"}}
-    answer = answer_call(lambda origin: receiver.sessions, receiver.applied.append, bad)
+    answer = answer_call(lambda origin: receiver.sessions, receiver.apply, bad)
     assert answer["number"] == 1 and answer["error"] and receiver.applied == []
 
 
@@ -193,18 +197,23 @@ def batch_from(origin: int, epoch: str, number: int, rid: str) -> dict[str, Any]
 
 
 def test_each_sending_instance_has_its_own_session_and_only_its_replacement_is_reported():
-    """Two instances of model 'a' talk to one receiver (the entry hearing a pool): each numbers its
-    own batches from 1, and a new session of one reports that one's loss only."""
+    """Two instances of model 'a' talk to one receiver (a worker hearing a pool): each numbers its own
+    batches from 1, each message is applied with the instance that sent it, and a new session of one
+    reports that one's loss only."""
     lost: list[tuple[int, str]] = []
-    applied: list[PeerMessage] = []
+    applied: list[tuple[int, str]] = []
     sessions = OriginSessions(lambda origin: PeerSessions(
         VIEW, {"a": SECRET}, here="b", on_session_lost=lambda sender, why: lost.append((origin, sender))))
+
+    def call(body: dict[str, Any]) -> dict[str, Any]:
+        return answer_call(sessions, lambda message, origin: applied.append((origin, message.rid)), body)
+
     for origin in (1, 2):
-        assert answer_call(sessions, applied.append, hello_from(origin, f"e{origin}")) == {"number": 0}
-    assert answer_call(sessions, applied.append, batch_from(1, "e1", 1, "r1")) == {"number": 1}
-    assert answer_call(sessions, applied.append, batch_from(2, "e2", 1, "r2")) == {"number": 1}
-    assert [m.rid for m in applied] == ["r1", "r2"]  # (one shared session would take r2 as a duplicate)
-    answer_call(sessions, applied.append, hello_from(2, "e2-new"))
+        assert call(hello_from(origin, f"e{origin}")) == {"number": 0}
+    assert call(batch_from(1, "e1", 1, "r1")) == {"number": 1}
+    assert call(batch_from(2, "e2", 1, "r2")) == {"number": 1}
+    assert applied == [(1, "r1"), (2, "r2")]  # (one shared session would take r2 as a duplicate)
+    call(hello_from(2, "e2-new"))
     assert lost == [(2, "a")]
 
 
@@ -213,5 +222,5 @@ def test_a_call_without_its_origin_is_refused_where_origins_are_told_apart(origi
     applied: list[PeerMessage] = []
     sessions = OriginSessions(lambda origin: PeerSessions(VIEW, {"a": SECRET}, here="b",
                                                           on_session_lost=lambda sender, why: None))
-    answer = answer_call(sessions, applied.append, hello_from(origin, "e1"))
+    answer = answer_call(sessions, lambda message, _origin: applied.append(message), hello_from(origin, "e1"))
     assert "origin" in answer["error"] and applied == []

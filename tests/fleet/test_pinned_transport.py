@@ -183,3 +183,54 @@ def test_a_model_with_no_instance_up_is_the_problem_and_one_up_is_enough(pool):
     assert transport.problem() is None
     links[2].state = CONNECTING
     assert "no instance of model 'llm' is linked" in (transport.problem() or "")
+
+
+# --- a peer's transport to the entry pool (several entry workers): no placement, owners by origin ----------
+def from_llm(kind: str, rid: str) -> PeerMessage:
+    return PeerMessage(kind=kind, rid=rid, sender="llm")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def entries() -> tuple[PinnedTransport, dict[int, FakeLink], list[tuple[str, str]]]:
+    lost: list[tuple[str, str]] = []
+    transport = PinnedTransport(on_lost=lambda rid, error: lost.append((rid, error)))
+    links = {instance: FakeLink(lambda model, error, instance=instance: transport.instance_lost(model, instance, error))
+             for instance in (1, 2)}
+    for instance, link in links.items():
+        transport.add("slm", instance, link)  # type: ignore[arg-type]
+    return transport, links, lost
+
+
+def test_a_peer_sends_each_request_back_to_the_entry_instance_that_owns_it(entries):
+    transport, links, lost = entries
+    transport.pin("slm", "a", 2)
+    transport.pin("slm", "b", 1)
+    transport.send("slm", [from_llm("progress", "a"), from_llm("handoff", "b"), from_llm("ended", "a")])
+    assert [m.rid for batch in links[2].sent for m in batch] == ["a", "a"]
+    assert [m.rid for batch in links[1].sent for m in batch] == ["b"]
+    transport.send("slm", [from_llm("estimates", "")])  # about no request: every entry instance hears it
+    assert links[1].sent[-1][0].kind == links[2].sent[-1][0].kind == "estimates"
+    transport.unpin("slm", "a")
+    assert transport.pinned("slm") == {1: 1, 2: 0} and lost == []
+
+
+def test_a_peer_places_nothing_a_message_about_a_request_no_entry_owns_goes_nowhere(entries):
+    """Never to the least-loaded entry instance: only the owner can finish a request; a handoff back of
+    one no instance owns (its entry is gone) ends it here."""
+    transport, links, lost = entries
+    transport.send("slm", [from_llm("progress", "x"), from_llm("handoff", "y")])
+    assert links[1].sent == [] and links[2].sent == []
+    assert [rid for rid, _ in lost] == ["y"] and "owns it" in lost[0][1]
+    assert transport.pinned("slm") == {1: 0, 2: 0}
+
+
+def test_a_lost_entry_instance_ends_its_own_requests_here_and_moves_none_to_the_other(entries):
+    transport, links, lost = entries
+    for rid, owner in (("a", 1), ("b", 2), ("c", 1)):
+        transport.pin("slm", rid, owner)
+    links[1].state = CONNECTING
+    transport.instance_lost("slm", 1, "entry 1 gone")
+    assert sorted(lost) == [("a", "entry 1 gone"), ("c", "entry 1 gone")]
+    assert transport.pinned("slm") == {1: 0, 2: 1}
+    transport.send("slm", [from_llm("progress", "b"), from_llm("progress", "a")])
+    assert [m.rid for batch in links[2].sent for m in batch] == ["b"] and links[1].sent == []

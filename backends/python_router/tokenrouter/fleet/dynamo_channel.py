@@ -83,9 +83,9 @@ SessionsFor = Callable[[Any], PeerSessions]  # the receiving sessions of a call'
 
 
 class OriginSessions:
-    """The receiving end of a worker that hears several instances of one model (the entry, from a
-    pool): one ``PeerSessions`` per sending instance, made by ``make(origin)`` on its first call, so
-    each instance's session (its numbering, its replacement) is its own."""
+    """The receiving end of a worker that hears several instances of one model (a pool): one
+    ``PeerSessions`` per sending instance, made by ``make(origin)`` on its first call, so each
+    instance's session (its numbering, its replacement) is its own."""
 
     def __init__(self, make: Callable[[int], PeerSessions]) -> None:
         self._make = make
@@ -99,23 +99,27 @@ class OriginSessions:
         return self._by_origin[origin]
 
 
-def answer_call(sessions: SessionsFor, deliver: Callable[[PeerMessage], None], call: Any) -> dict[str, Any]:
-    """The receiving end of one call: its messages applied (once, in order) and the answer to send back."""
+Deliver = Callable[[PeerMessage, Any], None]  # a message applied, with the instance that sent it (origin)
+
+
+def answer_call(sessions: SessionsFor, deliver: Deliver, call: Any) -> dict[str, Any]:
+    """The receiving end of one call: its messages applied (once, in order; ``deliver(message, origin)``)
+    and the answer to send back."""
     number = call.get("number") if isinstance(call, dict) else None
     try:
         if not isinstance(call, dict) or not isinstance(call.get("parameters"), dict) \
                 or not isinstance(call.get("payload"), str):
             raise LinkRefused("a link call must be an object with 'number', 'payload' (text) and 'parameters'")
-        for message in sessions(call.get("origin")).take(call["parameters"], lambda: decode_batch(call["payload"])):
-            deliver(message)
+        origin = call.get("origin")
+        for message in sessions(origin).take(call["parameters"], lambda: decode_batch(call["payload"])):
+            deliver(message, origin)
     except (LinkRefused, ValueError, TypeError, KeyError) as exc:  # a bad payload costs this call only
         log.warning("a link call refused: %s", exc)
         return {"number": number, "error": str(exc) or type(exc).__name__}
     return {"number": number}
 
 
-def peer_handler(sessions: SessionsFor,
-                 deliver: Callable[[PeerMessage], None]) -> Callable[..., AsyncIterator[dict[str, Any]]]:
+def peer_handler(sessions: SessionsFor, deliver: Deliver) -> Callable[..., AsyncIterator[dict[str, Any]]]:
     """The handler of a worker's peer endpoint (``endpoint.serve_endpoint``)."""
 
     async def handle(call: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:

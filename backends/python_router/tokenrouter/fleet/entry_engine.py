@@ -57,13 +57,13 @@ class _Output(StreamedOutput):
 
 class EntryEngine(LLMEngine):
     def __init__(self, config_path: str | Path, served_model_name: str, namespace: str,
-                 model_path: str | None = None) -> None:
+                 model_path: str | None = None, entries: int = 1) -> None:
         self.config_path, self.served_model_name, self.namespace = Path(config_path), served_model_name, namespace
         self.config = load_config(self.config_path)
-        self.model_path = model_path
+        self.model_path, self.entries = model_path, entries
         self.member: PoolMember | None = None
         self._running: dict[str, str] = {}  # Dynamo's request id -> the subserver's
-        self._start = secrets.token_hex(4)
+        self._start = secrets.token_hex(4)  # a restarted worker's ids differ from its tombstoned old ones
         self._count = 0
 
     @classmethod
@@ -71,8 +71,11 @@ class EntryEngine(LLMEngine):
         parser = argparse.ArgumentParser(prog="python -m tokenrouter.fleet.entry_engine",
                                          description="the entry (small model) of a split pair as a Dynamo worker")
         add_served_model_arguments(parser)
+        parser.add_argument("--entries", type=int, default=1,
+                            help="entry workers sharing the peer pool: each admits against 1/ENTRIES of a peer "
+                                 "instance's KV (default 1)")
         args = parser.parse_args(argv)
-        engine = cls(args.config, args.served_model_name, args.namespace, args.model_path)
+        engine = cls(args.config, args.served_model_name, args.namespace, args.model_path, args.entries)
         worker = WorkerConfig(namespace=args.namespace, component="tokenrouter", endpoint="generate",
                               model_name=engine.model_folder(), served_model_name=args.served_model_name,
                               discovery_backend=os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),
@@ -94,7 +97,8 @@ class EntryEngine(LLMEngine):
                                            os.environ.get("DYN_REQUEST_PLANE", "tcp"))
         runtime = self._runtime
         self.member = await PoolMember.start(self.config_path, self.config.entry, runtime, self.namespace,
-                                             on_death=lambda: _exit("the entry's subserver loop died"))
+                                             on_death=lambda: _exit("the entry's subserver loop died"),
+                                             entries=self.entries)
         await self.member.wait_whole()
         engine = self.member.subserver.engine
         return EngineConfig(model=self.model_folder(), served_model_name=self.served_model_name,
@@ -116,7 +120,8 @@ class EntryEngine(LLMEngine):
         subserver = member.subserver
         output = _Output(asyncio.get_running_loop())
         self._count += 1
-        rid = f"entry-{self._start}-{self._count}"
+        # Unique across the entry pool (a peer holds every entry's requests): this worker's instance id is.
+        rid = f"entry-{member.instance:x}-{self._start}-{self._count}"
         try:
             subserver.submit(rid, mapped.prompt, self._spec(subserver, len(mapped.prompt), mapped.keywords), output)
         except RequestError as exc:

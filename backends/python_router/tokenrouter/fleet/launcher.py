@@ -1,11 +1,12 @@
 """``tokenrouter fleet``: NVIDIA Dynamo's frontend and N replicas of the pair (each a Dynamo worker).
 
     tokenrouter fleet --tiny --replicas 2 --migration-limit 2    # one machine, loopback only
-    tokenrouter fleet --tiny --pools 1+2                          # the pair split: entry worker + 2 peer workers
+    tokenrouter fleet --tiny --pools 2+2                          # the pair split: 2 entry + 2 peer workers
 
-With ``--pools 1+K`` the pair is split over workers (entry_engine.py: the small model and the policy,
-served; K peer_worker.py per other model, reached by worker-to-worker calls, each request pinned to
-one of them); several entry workers are not served yet.
+With ``--pools M+K`` the pair is split over workers: M entry_engine.py (the small model and the policy,
+each registered as the served model: the frontend spreads requests over them) and K peer_worker.py of
+the other model, reached by worker-to-worker calls; each request is pinned to one peer instance, which
+answers the entry instance that sent it.
 
 On one machine discovery goes through a folder and every socket is pinned to 127.0.0.1 (no etcd,
 no NATS). Across hosts, ``--discovery etcd`` with ``ETCD_ENDPOINTS`` and ``NATS_SERVER`` set: one
@@ -45,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=1, help="workers on this machine, each a whole pair")
     parser.add_argument("--pools", metavar="M+K",
                         help="split the pair: M entry (small-model) workers and K peer (large-model) workers "
-                             "instead of whole-pair replicas; M is 1 for now")
+                             "instead of whole-pair replicas")
     parser.add_argument("--router-mode", choices=ROUTER_MODES, default="round-robin",
                         help="how the frontend picks a replica (default round-robin)")
     parser.add_argument("--migration-limit", type=int, default=2,
@@ -106,32 +107,35 @@ def worker_command(config: Path, served_model_name: str) -> list[str]:
 
 
 def parse_pools(text: str) -> tuple[int, int]:
-    """``M+K`` as (M, K); only what is served (one entry worker) is taken."""
+    """``M+K`` as (M, K)."""
     parts = text.split("+")
     if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
-        raise SystemExit(f"--pools {text}: give M+K (entry workers + peer workers per other model), e.g. 1+2")
+        raise SystemExit(f"--pools {text}: give M+K (entry workers + peer workers), e.g. 2+2")
     entries, peers = (int(part) for part in parts)
-    if entries != 1 or peers < 1:
-        raise SystemExit(f"--pools {text}: one entry worker and at least one peer worker (1+K) for now; "
-                         "several entry workers are not built yet")
+    if entries < 1 or peers < 1:
+        raise SystemExit(f"--pools {text}: at least one entry worker and one peer worker")
     return entries, peers
 
 
-def pool_workers(config: Path, served_model_name: str, run_dir: Path, status_port: int,
+def pool_workers(config: Path, served_model_name: str, run_dir: Path, status_port: int, entries: int,
                  peers: int) -> list["Process"]:
-    """The split pair's workers: the entry (served to the frontend), then ``peers`` per other model."""
+    """The split pair's workers: ``entries`` entry workers (each served to the frontend, each admitting
+    against 1/``entries`` of a peer instance's KV), then ``peers`` of the other model."""
     from ..config import load_config
 
     models = load_config(config)
+    if len(models.models) != 2:
+        raise SystemExit(f"--pools: a pair split over pools has two models; {config} has {models.model_names}")
     entry = [sys.executable, "-m", "tokenrouter.fleet.entry_engine", "--config", str(config),
-             "--served-model-name", served_model_name, "--namespace", "tokenrouter"]
-    workers = [Process("entry worker", entry, run_dir / "entry.log", env=worker_environment(0, status_port, 0))]
-    for model in (m for m in models.model_names if m != models.entry):
-        command = [sys.executable, "-m", "tokenrouter.fleet.peer_worker", "--config", str(config), "--model", model,
-                   "--namespace", "tokenrouter"]
-        for k in range(peers):
-            workers.append(Process(f"peer worker {model} {k}", command, run_dir / f"peer-{model}-{k}.log",
-                                   env=worker_environment(len(workers), status_port, 0)))
+             "--served-model-name", served_model_name, "--namespace", "tokenrouter", "--entries", str(entries)]
+    workers = [Process(f"entry worker {m}", entry, run_dir / f"entry-{m}.log",
+                       env=worker_environment(m, status_port, 0)) for m in range(entries)]
+    (model,) = [m for m in models.model_names if m != models.entry]
+    command = [sys.executable, "-m", "tokenrouter.fleet.peer_worker", "--config", str(config), "--model", model,
+               "--namespace", "tokenrouter"]
+    for k in range(peers):
+        workers.append(Process(f"peer worker {model} {k}", command, run_dir / f"peer-{model}-{k}.log",
+                               env=worker_environment(len(workers), status_port, 0)))
     return workers
 
 
@@ -234,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.pools:
         provide_pair_secret(env, run_dir)
         workers = pool_workers(config, args.served_model_name, run_dir, args.worker_status_port,
-                               parse_pools(args.pools)[1])
+                               *parse_pools(args.pools))
     else:
         workers = [Process(f"worker {i}", worker_command(config, args.served_model_name), run_dir / f"worker-{i}.log",
                            env=worker_environment(i, args.worker_status_port, args.gpus_per_replica))

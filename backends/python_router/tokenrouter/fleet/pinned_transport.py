@@ -1,19 +1,26 @@
-"""The entry's transport to a pool of peer instances (several Dynamo workers of one model): a link per
-instance (peer_link.py over dynamo_channel.py), and each request pinned to one instance for its life.
+"""A worker's transport to a pool of instances of another model (several Dynamo workers of it): a link
+per instance (peer_link.py over dynamo_channel.py), and each request pinned to one instance for its life.
+
+At the entry (given ``on_moved``), the pool is a peer model's:
 
 - **Placement**: a request's first handoff to a model goes to the instance with the fewest pinned
   requests among those whose link is up; every later message about it (its later handoffs, its
   release) goes to that instance, so its KV there stays where it was computed and a return visit is an
   append. The release unpins it. Messages about no request (``active``, ``estimates``) go to every
   instance.
-- **Admission** stays the entry core's: it counts the model's KV as one instance's capacity, so the
-  requests pinned across the pool never exceed what any one instance holds (safe, conservative).
+- **Admission** stays the entry core's, against this entry's share of one instance's KV
+  (kv_share.py): the requests pinned across the pool never exceed what any one instance holds.
 - **Loss**: when an instance's session is given up (it died, or did not answer for
   ``transport.down_after_s``), each request pinned to it is pinned to another linked instance of the
   model (placed as a new one) and ``on_moved(model, rid)`` tells the entry, which sends it there whole
   (a first visit: the entry holds every token of it). With no other instance linked, it ends with an
   error (``on_lost(rid, error)``). A new request goes to the instances left. Instances that register
   later get a link of their own.
+
+At a peer (no ``on_moved``), the pool is the entry model's (several entry workers): a request is
+pinned to the entry instance that handed it here (``pin``, by the call's origin: entry_owners.py) and
+every message about it goes back there; nothing is placed or moved. A lost entry instance ends (here)
+every request pinned to it (``on_lost``): only that entry could finish them.
 """
 
 from __future__ import annotations
@@ -32,8 +39,10 @@ log = logging.getLogger(__name__)
 
 
 class PinnedTransport(Transport):
-    def __init__(self, on_lost: Callable[[str, str], None], on_moved: Callable[[str, str], None]) -> None:
-        self._on_lost, self._on_moved = on_lost, on_moved
+    def __init__(self, on_lost: Callable[[str, str], None],
+                 on_moved: Callable[[str, str], None] | None = None) -> None:
+        """``on_moved``: the entry's (it places requests); None: a peer's transport, which places nothing."""
+        self._on_lost, self._on_moved, self._places = on_lost, on_moved, on_moved is not None
         self._lock = threading.Lock()  # links come and go on Dynamo's loop; sends come from the subserver's
         self._links: dict[str, dict[int, PeerLink]] = defaultdict(dict)  # model -> instance -> link
         self._pins: dict[str, dict[str, int]] = defaultdict(dict)  # model -> rid -> instance
@@ -64,6 +73,15 @@ class PinnedTransport(Transport):
         if link is not None:
             link.close()
 
+    def pin(self, model: str, rid: str, instance: int) -> None:
+        """``rid`` belongs to ``instance`` of ``model`` (at a peer: the entry instance that handed it here)."""
+        with self._lock:
+            self._pins[model][rid] = instance
+
+    def unpin(self, model: str, rid: str) -> None:
+        with self._lock:
+            self._pins[model].pop(rid, None)
+
     def instance_lost(self, model: str, instance: int, error: str) -> None:
         """The session to ``instance`` was given up: what was pinned there moves to the other linked
         instances (``on_moved``), or ends with ``error`` when there is none (``on_lost``)."""
@@ -89,6 +107,7 @@ class PinnedTransport(Transport):
             log.error("%s instance %x lost with %d request(s), no other instance linked: %s", model, instance,
                       len(lost), error)
         for rid in moved:
+            assert self._on_moved is not None  # (only a transport that places moves)
             self._on_moved(model, rid)
         for rid in lost:
             self._on_lost(rid, error)
@@ -131,7 +150,8 @@ class PinnedTransport(Transport):
                         continue  # a release of a request never placed here: nothing to free
                     instance = self._place(links, pins)
                     if instance is None:
-                        lost.append((message.rid, f"no instance of model '{peer}' is linked"))
+                        lost.append((message.rid, f"no instance of model '{peer}' is linked" if self._places
+                                     else f"no instance of model '{peer}' owns it (it is gone, or the request ended)"))
                         continue
                     pins[message.rid] = instance
                 if message.kind == "release":
@@ -147,9 +167,11 @@ class PinnedTransport(Transport):
                 pins.pop(rid, None)
             self._on_lost(rid, error)
 
-    @staticmethod
-    def _place(links: dict[int, PeerLink], pins: dict[str, int]) -> int | None:
-        """The up instance with the fewest pinned requests (ties: the lowest id); None if none is up."""
+    def _place(self, links: dict[int, PeerLink], pins: dict[str, int]) -> int | None:
+        """The up instance with the fewest pinned requests (ties: the lowest id); None if none is up, or
+        if this transport does not place (a peer's: a request belongs to the entry instance that sent it)."""
+        if not self._places:
+            return None
         load = {instance: 0 for instance, link in links.items() if link.state == UP}
         if not load:
             return None

@@ -1,18 +1,21 @@
 """One model's subserver as a Dynamo worker of a split pair (entry_engine.py: the small model, served
 to the frontend; peer_worker.py: the large model, a peer endpoint only).
 
-The subserver is built exactly as a Triton subserver on its own server is (model_kinds.py): the
-runtime's ``build_subserver`` with a ``PlacedTransport`` whose every peer is a ``PeerLink``; only the
-link's channel differs (dynamo_channel.py: Dynamo's worker-to-worker call instead of Triton's gRPC
-stream). Each worker serves:
+The subserver is built as a Triton subserver on its own server is (model_kinds.py): the runtime's
+``build_lone_subserver`` whose peers are ``PeerLink``s; the link's channel differs (dynamo_channel.py:
+Dynamo's worker-to-worker call instead of Triton's gRPC stream), and so does the transport (a link per
+instance of the other model's pool). Each worker serves:
 
 - ``<namespace>.<model>.peer``: the receiving end of the other workers' links (peer_sessions.py);
-- ``<namespace>.<model>.stats``: its instance id, KV blocks in use, requests held, tokens computed (and
-  at the entry, the peer instances linked and the requests pinned to each): tests and operators read a
-  worker's load there.
+- ``<namespace>.<model>.stats``: its instance id, KV blocks in use, requests held, tokens computed, the
+  other model's instances linked and the requests pinned to each (and at a peer, the N of all entries):
+  tests and operators read a worker's load there.
 
-The entry reaches each peer model's pool of instances through pinned_transport.py (a link per
-instance, each request pinned to one); a peer reaches the one entry worker through a PlacedTransport.
+Every worker reaches the other model's pool of instances through pinned_transport.py (a link per
+instance, watched as instances join and leave): the entry pins each request to one peer instance; a
+peer sends what it has of a request back to the entry instance that handed it over (entry_owners.py).
+With M entry workers, each admits against 1/M of a peer instance's KV (kv_share.py). A split pair over
+pools has two models (the entry and one peer model).
 
 The deployment's secret (pair_secret.py) signs every link call; each worker's view of the deployment
 (placement.describe) must equal its peers' or their hellos are refused.
@@ -21,7 +24,6 @@ The deployment's secret (pair_secret.py) signs every link call; each worker's vi
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
@@ -37,9 +39,10 @@ from ..runtime.subserver import Subserver
 from ..serving.pair_secret import pair_secret
 from ..serving.subserver.peer_link import PeerLink
 from ..serving.subserver.peer_sessions import PeerSessions
-from ..serving.subserver.placed_transport import PlacedTransport
 from ..serving.subserver.sending_session import CONNECTING
-from .dynamo_channel import OriginSessions, SessionsFor, direct_opener, peer_handler
+from .dynamo_channel import OriginSessions, direct_opener, peer_handler
+from .entry_owners import EntryOwners
+from .kv_share import entry_capacities
 from .pinned_transport import PinnedTransport
 
 log = logging.getLogger(__name__)
@@ -52,21 +55,25 @@ def endpoint_path(namespace: str, model: str, endpoint: str) -> str:
 
 
 class PoolMember:
-    def __init__(self, config: TokenRouterConfig, name: str, subserver: Subserver,
-                 transport: PlacedTransport | PinnedTransport) -> None:
+    def __init__(self, config: TokenRouterConfig, name: str, subserver: Subserver, transport: PinnedTransport,
+                 owners: EntryOwners | None) -> None:
         self.config, self.name, self.subserver, self.transport = config, name, subserver, transport
+        self.owners = owners  # a peer's: which entry instance owns each request
         self._loop = asyncio.get_running_loop()
         self._served: list[asyncio.Future] = []
         self.instance: int | None = None  # this worker's instance id (its peers' clients address it so)
 
     @classmethod
     async def start(cls, config_path: str | Path, name: str, runtime: Any, namespace: str,
-                    on_death: Callable[[], None]) -> "PoolMember":
-        """Builds model ``name``'s subserver, serves its endpoints, links it to the other models' workers
-        and starts its loop. ``on_death()``: the loop died (the worker should exit)."""
+                    on_death: Callable[[], None], entries: int = 1) -> "PoolMember":
+        """Builds model ``name``'s subserver, serves its endpoints, links it to the other model's workers
+        and starts its loop. ``on_death()``: the loop died (the worker should exit). ``entries``: the
+        entry workers sharing the peer pool (an entry admits against its share: kv_share.py)."""
         config = load_config(config_path)
         if name not in config.models:
             raise ValueError(f"model '{name}' is not in the config's models {config.model_names}")
+        if len(config.models) != 2:
+            raise ValueError(f"a pair split over pools has two models; the config has {config.model_names}")
         if config.scheduling.strategy not in MULTI_PROCESS:
             raise ValueError(f"strategy '{config.scheduling.strategy}' needs all models in one process; a split "
                              f"pair runs one of {', '.join(MULTI_PROCESS)}")
@@ -74,52 +81,50 @@ class PoolMember:
         loop = asyncio.get_running_loop()
         # Loading weights: off the event loop, which serves Dynamo's runtime meanwhile.
         engine = await loop.run_in_executor(None, lambda: create_engine(name, config.models[name], owns_process=True))
-        is_entry = name == config.entry
-        # The entry reaches a pool of instances per peer model; a peer reaches the one entry.
-        transport: PlacedTransport | PinnedTransport = (
-            PinnedTransport(on_lost=lambda rid, error: subserver.fail(rid, error),
-                            on_moved=lambda peer, rid: subserver.peer_forgot(peer, rid)) if is_entry
-            else PlacedTransport())
-        subserver = build_lone_subserver(config, name, engine, transport)
-        member = cls(config, name, subserver, transport)
+        (other,) = [model for model in config.model_names if model != name]
+        if name == config.entry:  # places each request on a peer instance; a lost one's requests move
+            transport = PinnedTransport(on_lost=lambda rid, error: subserver.fail(rid, error),
+                                        on_moved=lambda peer, rid: subserver.peer_forgot(peer, rid))
+            subserver = build_lone_subserver(config, name, engine, transport, entry_capacities(config, entries))
+            owners = None
+            deliver = lambda message, origin: subserver.deliver(message)  # noqa: E731
+        else:  # sends back to the entry instance that owns each request; a lost one's requests end here
+            transport = PinnedTransport(on_lost=lambda rid, error: subserver.fail(rid, error))
+            subserver = build_lone_subserver(config, name, engine, transport)
+            owners = deliver = EntryOwners(transport, other, subserver.deliver)
+        member = cls(config, name, subserver, transport, owners)
         view = describe(config, [name])
-        others = [peer for peer in config.model_names if peer != name]
         peer_endpoint = runtime.endpoint(endpoint_path(namespace, name, PEER_ENDPOINT))
-        member._serve(peer_endpoint, peer_handler(member._receiving(secret, view, others), subserver.deliver))
+        member._serve(peer_endpoint, peer_handler(member._receiving(secret, view, other), deliver))
         member._serve(runtime.endpoint(endpoint_path(namespace, name, STATS_ENDPOINT)), member._answer_stats)
         origin = member.instance = peer_endpoint.connection_id()
-        for peer in others:
-            path = endpoint_path(namespace, peer, PEER_ENDPOINT)
-            client = await runtime.endpoint(path).client()
+        client = await runtime.endpoint(endpoint_path(namespace, other, PEER_ENDPOINT)).client()
 
-            def link(instance: Callable[[], int | None], address: str, on_down: Callable[[str, str], None],
-                     peer: str = peer, client: Any = client) -> PeerLink:
-                return PeerLink(name, peer, address, direct_opener(client, loop, instance, origin), secret=secret,
-                                view=view, down_after_s=config.transport.down_after_s,
-                                delay_s=config.transport.delay_ms / 1e3,
-                                on_up=lambda peer: log.info("%s: linked to %s at %s", name, peer, address),
-                                on_down=on_down)
+        def link(instance: Callable[[], int | None], address: str, on_down: Callable[[str, str], None]) -> PeerLink:
+            return PeerLink(name, other, address, direct_opener(client, loop, instance, origin), secret=secret,
+                            view=view, down_after_s=config.transport.down_after_s,
+                            delay_s=config.transport.delay_ms / 1e3,
+                            on_up=lambda peer: log.info("%s: linked to %s at %s", name, peer, address),
+                            on_down=on_down)
 
-            if isinstance(transport, PinnedTransport):
-                member._served.append(asyncio.ensure_future(_watch_pool(transport, peer, client, link)))
-            else:
-                transport.add_link(link(functools.partial(_first_instance, client), path, subserver.peer_lost),
-                                   remote=True)
+        member._served.append(asyncio.ensure_future(_watch_pool(member._instance_lost, transport, other, client, link)))
         subserver.start(on_death=on_death)
         return member
 
-    def _receiving(self, secret: str, view: dict[str, Any], senders: list[str]) -> SessionsFor:
-        """The receiving sessions of a call's origin. A peer has one (the entry is one worker); the entry
-        keeps one per sending instance, and a session an instance replaced ends what was pinned to it."""
+    def _instance_lost(self, model: str, instance: int, error: str) -> None:
+        """An instance of the other model is lost (its session given up, or replaced by a new one): the
+        transport moves or ends what was pinned there; at a peer, a lost entry's N leaves the sum."""
+        self.transport.instance_lost(model, instance, error)
+        if self.owners is not None:
+            self.owners.entry_lost(instance)
+
+    def _receiving(self, secret: str, view: dict[str, Any], sender: str) -> OriginSessions:
+        """The receiving sessions, one per sending instance of the other model: a session an instance
+        replaced, or gave up, loses what that instance had pinned here."""
         here = f"'{self.name}' (Dynamo worker)"
-        transport = self.transport
-        secrets = {sender: secret for sender in senders}
-        if not isinstance(transport, PinnedTransport):
-            one = PeerSessions(view, secrets, here=here, on_session_lost=self.subserver.peer_lost)
-            return lambda origin: one
         return OriginSessions(lambda origin: PeerSessions(
-            view, secrets, here=here,
-            on_session_lost=lambda sender, why: transport.instance_lost(sender, origin, why)))
+            view, {sender: secret}, here=here,
+            on_session_lost=lambda sender, why: self._instance_lost(sender, origin, why)))
 
     def problem(self) -> str | None:
         """Why the pair cannot serve now (a peer model with no worker linked), or None."""
@@ -136,8 +141,6 @@ class PoolMember:
             await asyncio.sleep(period_s)
 
     def _linked_every_model(self) -> bool:
-        if not isinstance(self.transport, PinnedTransport):
-            return True
         return all(self.transport.instances(peer) for peer in self.config.model_names if peer != self.name)
 
     def stats(self) -> dict[str, Any]:
@@ -147,10 +150,11 @@ class PoolMember:
                   "requests_held": len(self.subserver.requests), "tokens_committed": stats.tokens_committed,
                   "steps": stats.steps, "handoffs_in": stats.handoffs_in, "handoffs_out": stats.handoffs_out,
                   "alive": self.subserver.alive}
-        if isinstance(self.transport, PinnedTransport):
-            peers = [peer for peer in self.config.model_names if peer != self.name]
-            answer["pinned"] = {peer: {str(k): v for k, v in self.transport.pinned(peer).items()} for peer in peers}
-            answer["linked"] = {peer: [str(k) for k in self.transport.linked(peer)] for peer in peers}
+        peers = [peer for peer in self.config.model_names if peer != self.name]
+        answer["pinned"] = {peer: {str(k): v for k, v in self.transport.pinned(peer).items()} for peer in peers}
+        answer["linked"] = {peer: [str(k) for k in self.transport.linked(peer)] for peer in peers}
+        if self.owners is not None:
+            answer["active"] = self.owners.active()  # the N its delayed batching reads (all entries')
         return answer
 
     async def _answer_stats(self, request: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:
@@ -170,10 +174,11 @@ class PoolMember:
         self.subserver.engine.close()
 
 
-async def _watch_pool(transport: PinnedTransport, model: str, client: Any,
-                      link: Callable[..., PeerLink]) -> None:
+async def _watch_pool(instance_lost: Callable[[str, int, str], None], transport: PinnedTransport, model: str,
+                      client: Any, link: Callable[..., PeerLink]) -> None:
     """Keeps a link to every registered instance of ``model``: a new one gets its link at once; one
-    that left discovery loses it once its session is given up (which ended what was pinned there)."""
+    that left discovery loses it once its session is given up (``instance_lost`` moved or ended what was
+    pinned there)."""
     while True:
         try:
             registered = set(client.instance_ids())
@@ -182,16 +187,10 @@ async def _watch_pool(transport: PinnedTransport, model: str, client: Any,
                 transport.add(model, instance, link(
                     lambda instance=instance: instance if instance in client.instance_ids() else None,
                     f"{model} instance {instance:x}",
-                    lambda _peer, error, instance=instance: transport.instance_lost(model, instance, error)))
+                    lambda _peer, error, instance=instance: instance_lost(model, instance, error)))
             for instance in set(known) - registered:
                 if transport.link_state(model, instance) == CONNECTING:  # (given up: nothing is pinned there)
                     transport.remove(model, instance)
         except Exception:  # noqa: BLE001 - a bug here must not stop the watch: the pool would freeze
             log.exception("watching the instances of %s failed; looking again", model)
         await asyncio.sleep(WATCH_PERIOD_S)
-
-
-def _first_instance(client: Any) -> int | None:
-    """The entry's instance (one entry worker)."""
-    ids = client.instance_ids()
-    return ids[0] if ids else None

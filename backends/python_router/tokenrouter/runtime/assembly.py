@@ -73,13 +73,15 @@ def build_subserver(config: TokenRouterConfig, name: str, engine: Engine, policy
     return Subserver(core, engine, transport, strategy, observers=[*feeds, *observers])
 
 
-def build_lone_subserver(config: TokenRouterConfig, name: str, engine: Engine, transport: Transport) -> Subserver:
+def build_lone_subserver(config: TokenRouterConfig, name: str, engine: Engine, transport: Transport,
+                         capacities: dict[str, tuple[int, int]] | None = None) -> Subserver:
     """Model ``name``'s subserver alone in its process (a Triton stub, a Dynamo pool worker): its own
-    policy and strategy, every model's KV capacity, and the context its engine allows."""
+    policy and strategy, the context its engine allows, and the KV the entry admits against
+    (``capacities``; default: every model's whole)."""
     return build_subserver(config, name, engine, build_policy(config), transport,
                            make_strategy(config.scheduling.strategy, len(config.models)),
                            max_model_len=effective_max_model_len(config, [engine.max_model_len]),
-                           capacities={model: kv_capacity(spec) for model, spec in config.models.items()})
+                           capacities=capacities or {model: kv_capacity(spec) for model, spec in config.models.items()})
 
 
 def make_auto_thresholds(config: TokenRouterConfig):
