@@ -1,105 +1,22 @@
 """A request whose large-model instance is lost goes on at another instance, through the real pieces:
 the entry's subserver loop and its PinnedTransport, two peer subserver loops of the large model (the
 pool's instances), and links that carry the messages in process (the lost instance's takes them and
-answers nothing, as a killed worker does). Engines are small in-test ones (no weights, no server).
-
-The engines' token is a function of how much context the sequence holds, on both models, so the
-request's output is known without running it, and only an instance that prefilled the whole context
-writes the right one."""
+answers nothing, as a killed worker does). Engines are small in-test ones (no weights, no server:
+helpers/pool_loops.py)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
-
-import torch
-
-from tokenrouter.engine.base import StepResult
 from tokenrouter.fleet.pinned_transport import PinnedTransport
-from tokenrouter.protocol import PeerMessage, RequestSpec, RequestView
-from tokenrouter.runtime.core import Limits, SubserverCore
+from tokenrouter.protocol import RequestSpec
+from tokenrouter.runtime.core import SubserverCore
 from tokenrouter.runtime.strategies import Strategy
 from tokenrouter.runtime.subserver import Subserver
 from tokenrouter.runtime.transport import InProcessTransport
 from tokenrouter.serving.subserver.sending_session import CONNECTING, UP
 
 from helpers.done_sink import DoneSink
-
-PROMPT = [1, 2, 3, 4]
-MAX_TOKENS = 12
-LIMITS = Limits(max_batch_size=4, max_prefill_tokens=64, max_wait_s=0.01, max_model_len=64, max_active=4,
-                max_queue=8, queue_timeout_s=0, max_bypass=0)
-
-
-def token_at(length: int) -> int:
-    """The token every engine samples after a context of ``length`` tokens."""
-    return length % 5 + 1
-
-
-class PositionEngine:
-    vocab_size = 8
-
-    def __init__(self) -> None:
-        self.held: dict[str, int] = {}  # sequence -> context tokens it holds KV for
-
-    def has_sequence(self, rid: str) -> bool:
-        return rid in self.held
-
-    def add_sequence(self, rid: str) -> None:
-        self.held[rid] = 0
-
-    def release(self, rid: str) -> bool:
-        return self.held.pop(rid, None) is not None
-
-    def step(self, rows, *, return_hidden=False, top_logits=0, return_logits=True) -> StepResult:
-        for row in rows:
-            self.held[row.seq_id] += len(row.new_tokens)
-        sampled = torch.tensor([token_at(self.held[row.seq_id]) for row in rows])
-        return StepResult(seq_ids=[r.seq_id for r in rows], sampled=sampled, logits=torch.zeros(len(rows), 8),
-                          positions=torch.zeros(len(rows), dtype=torch.long))
-
-
-class EveryThirdToTheLarge:
-    """The entry hands a position to the large model when the context length is a multiple of 3 (the
-    large model writes it); the large model hands back after that one token."""
-
-    name, needs_hidden, top_logits, needs_logits = "every-third", False, 0, False
-
-    def route(self, batch: Sequence[RequestView], out) -> list[str]:
-        return ["llm" if view.model == "slm" and len(view.token_ids) % 3 == 0 else "slm" for view in batch]
-
-    def send(self, request: RequestView, peer: str) -> PeerMessage:
-        return request.message_to(peer, keep_sampled=peer == "slm")
-
-    def receive(self, request: RequestView, message: PeerMessage) -> list[int]:
-        return list(message.tokens)
-
-
-class Link:
-    """An instance's link as the transport sees it; ``deliver`` None: its worker is dead (it takes
-    the messages and answers nothing)."""
-
-    state = UP
-    problem = None
-
-    def __init__(self, deliver: Callable[[PeerMessage], None] | None) -> None:
-        self.deliver = deliver
-        self.handoffs = 0
-
-    def send(self, messages: Sequence[PeerMessage]) -> None:
-        self.handoffs += sum(m.kind == "handoff" for m in messages)
-        for message in messages if self.deliver else ():
-            self.deliver(PeerMessage.from_json(message.to_json()))
-
-    def close(self) -> None:
-        pass
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 5
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
+from helpers.pool_loops import (LIMITS, MAX_TOKENS, PROMPT, EveryThirdToTheLarge, Link, PositionEngine,
+                                expected_tokens, wait_for)
 
 
 class Pool:
@@ -142,8 +59,7 @@ def test_a_request_away_at_a_lost_instance_ends_at_the_other_with_the_same_token
     pool, sink = Pool(), DoneSink()
     try:
         pool.lose_the_first_instance_under(sink)
-        expected = [token_at(length) for length in range(len(PROMPT), len(PROMPT) + MAX_TOKENS)]
-        assert (sink.finish, sink.error, sink.tokens) == ("length", None, expected)
+        assert (sink.finish, sink.error, sink.tokens) == ("length", None, expected_tokens(PROMPT, MAX_TOKENS))
         assert pool.links[1].handoffs == 1 and pool.peers[2].stats.handoffs_in >= 2  # the first visit, then appends
         wait_for(lambda: not pool.engines[2].held and not pool.peers[2].requests, "instance 2 kept the request's KV")
         wait_for(lambda: not pool.entry_engine.held and not pool.entry.requests, "the entry kept the request's KV")

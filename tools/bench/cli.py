@@ -9,6 +9,7 @@
     tokenrouter bench served --systems served two-servers [--peer-delays-ms 0.5 2]  one model per server (27)
     tokenrouter bench served --config configs/sim-a100.yaml --clients 64 --systems served dynamo  Dynamo's hop
     tokenrouter bench fleet [--per-replica 32] [--replicas 1 2 4]      replicas behind Dynamo: throughput per replica
+    tokenrouter bench pools [--clients 48] [--budget 6] [--rates 0.35 0.05]  pairs vs pool splits, with predictions
     tokenrouter bench against REF [--rounds 3] [--served "OPTIONS"]   this tree vs commit REF, served suite
 """
 
@@ -19,8 +20,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable
 
-from . import against, compare, fleet, served, sweep, validate
-from .plots import plot_compare, plot_fleet, plot_served, plot_sweep, plot_validate
+from . import against, compare, fleet, pool_splits, served, sweep, validate
+from .plots import plot_compare, plot_fleet, plot_pool_splits, plot_served, plot_sweep, plot_validate
 from .report import machine, write_json
 from .runner import Timing
 from .setups import PAIR_SETUPS, make_setup
@@ -82,6 +83,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, nargs="+", default=list(fleet.REPLICA_COUNTS),
                    help="fleet sizes, all up at once, runs alternated (default 1 2 4; the first is the reference)")
     p.add_argument("--per-replica", type=int, default=32, help="closed-loop clients per replica (default 32)")
+    _common(p, reps=3, pair=False)
+
+    p = suites.add_parser("pools", help="a worker budget as pairs and as every pool split behind NVIDIA Dynamo, "
+                                        "measured beside the throughput model's prediction")
+    p.add_argument("--config", type=Path, default=SIM_A100, help="a simulated pair's YAML config "
+                                                                 "(default configs/sim-a100.yaml)")
+    p.add_argument("--clients", type=int, default=48, help="closed-loop clients, N (default 48)")
+    p.add_argument("--budget", type=int, default=6, help="workers in all, an even number (default 6)")
+    p.add_argument("--rates", type=float, nargs="+", default=[0.35, 0.05],
+                   help="random routing rates to the large model, back after one token (default 0.35 0.05)")
     _common(p, reps=3, pair=False)
 
     p = suites.add_parser("step-costs", help="an engine pair's step costs as the throughput model takes them "
@@ -186,6 +197,20 @@ def _fleet(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable
     return result, fleet.markdown, plot_fleet, Path(args.config).stem
 
 
+def _pools(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Callable, str]:
+    from tokenrouter.config import load_config
+
+    from .setups import tiny_setup
+
+    if args.budget < 2 or args.budget % 2:
+        raise SystemExit("--budget: an even number of workers, at least 2 (the pairs are the reference)")
+    result = pool_splits.run_pool_splits(load_config(args.config), args.clients,
+                                         tiny_setup().with_workload("short-long", args.max_tokens),
+                                         _timing(args, "tiny"), reps=args.reps, rates=args.rates,
+                                         budget=args.budget, seed=args.seed)
+    return result, pool_splits.markdown, plot_pool_splits, Path(args.config).stem
+
+
 def _against(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, None, str]:
     result = against.run_against(args.ref, shlex.split(args.served), args.rounds)
     return result, against.markdown, None, args.ref.replace("/", "-")
@@ -221,7 +246,7 @@ def _step_costs(args: argparse.Namespace) -> tuple[dict[str, Any], Callable, Non
 
 
 SUITES = {"validate": _validate, "step-costs": _step_costs, "compare": _compare, "sweep": _sweep, "served": _served,
-          "fleet": _fleet, "against": _against}
+          "fleet": _fleet, "pools": _pools, "against": _against}
 
 
 def run(args: argparse.Namespace) -> int:

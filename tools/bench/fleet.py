@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import yaml
 
 from tokenrouter.config import TokenRouterConfig
+from tokenrouter.fleet.launcher import parse_pools
 from tokenrouter.launch.free_ports import free_port, free_port_run
 from tokenrouter.procfs import proc_stat
 
@@ -37,17 +38,18 @@ REPLICA_COUNTS = (1, 2, 4)
 
 
 class Fleet:
-    """`tokenrouter fleet --config C --replicas R` on loopback, in a folder of its own."""
+    """`tokenrouter fleet --config C --replicas R` (or ``--pools M+K``) on loopback, in a folder of its own."""
 
-    def __init__(self, config: TokenRouterConfig, replicas: int, folder: Path) -> None:
+    def __init__(self, config: TokenRouterConfig, replicas: int, folder: Path, pools: str | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         config_path = folder / "config.yaml"
         config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-        self.folder, self.replicas, self.http_port = folder, replicas, free_port()
+        self.folder, self.replicas, self.pools, self.http_port = folder, replicas, pools, free_port()
         self.status_base = free_port_run(replicas)
+        layout = ["--pools", pools] if pools else ["--replicas", str(replicas),
+                                                   "--worker-status-port", str(self.status_base)]
         self.command = [sys.executable, "-m", "tokenrouter.launch.cli", "fleet", "--config", str(config_path),
-                        "--replicas", str(replicas), "--http-port", str(self.http_port), "--run-dir", str(folder),
-                        "--worker-status-port", str(self.status_base), "--drain-timeout", "10"]
+                        *layout, "--http-port", str(self.http_port), "--run-dir", str(folder), "--drain-timeout", "10"]
         self.process: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{self.http_port}/v1"
 
@@ -58,11 +60,25 @@ class Fleet:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"tokenrouter fleet exited; logs in {self.folder}")
-            if all(_ok(f"http://127.0.0.1:{self.status_base + i}/health") for i in range(self.replicas)) \
-                    and _ok(f"{self.url}/models", b'"tokenrouter"'):
+            if self._workers_ready() and _ok(f"{self.url}/models", b'"tokenrouter"'):
                 return self
             time.sleep(1.0)
         raise TimeoutError(f"the fleet of {self.replicas} was not ready in {timeout_s} s; logs in {self.folder}")
+
+    def _workers_ready(self) -> bool:
+        """Replicas: each worker's /health. Pools: each worker's log names every instance of the other
+        model it linked (an entry serves once one peer instance is linked; the others follow)."""
+        if self.pools is None:
+            return all(_ok(f"http://127.0.0.1:{self.status_base + i}/health") for i in range(self.replicas))
+        entries, peers = parse_pools(self.pools)
+        peer_model = self._peer_model()
+        logs = [(self.folder / f"entry-{m}.log", peers) for m in range(entries)] + \
+               [(self.folder / f"peer-{peer_model}-{k}.log", entries) for k in range(peers)]
+        return all(log.exists() and _linked(log.read_text(errors="replace")) >= count for log, count in logs)
+
+    def _peer_model(self) -> str:
+        config = yaml.safe_load((self.folder / "config.yaml").read_text())
+        return next(name for name in config["models"] if name != config["entry"])
 
     def target(self, large: str) -> OpenAITarget:
         return OpenAITarget(self.url, large, extra_body=ENGINE_DATA)
@@ -130,6 +146,11 @@ def markdown(result: dict[str, Any]) -> str:
             for name, m in result["medians"].items()]
     return table(["fleet", "clients", "tokens/s (median)", "per repetition", "tokens/s per replica",
                   "per replica / one replica's (median)", "per repetition", "TTFT p50 ms"], rows)
+
+
+def _linked(log: str) -> int:
+    """The instances a pool worker's log says it linked (pool_member.py logs each link that comes up)."""
+    return len({line.split(" at ", 1)[1].strip() for line in log.splitlines() if ": linked to " in line})
 
 
 def _children(pid: int) -> list[int]:

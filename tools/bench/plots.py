@@ -136,6 +136,28 @@ def plot_fleet(result: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+def plot_pool_splits(result: dict[str, Any], path: Path) -> Path:
+    """Pairs and every pool split of a worker budget: measured tokens/s (median, each repetition) beside
+    the throughput model's prediction, one panel per routing rate."""
+    rates = list(result["results"])
+    fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 4), squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        rows = result["results"][rate]
+        x = range(len(rows))
+        ax.bar([i - 0.2 for i in x], [r["median"]["throughput"] for r in rows.values()], 0.4, label="measured")
+        ax.bar([i + 0.2 for i in x], [r["predicted"] for r in rows.values()], 0.4, label="predicted", alpha=0.6)
+        for i, row in enumerate(rows.values()):
+            ax.plot([i - 0.2] * len(row["runs"]), [r["throughput"] for r in row["runs"]], "k.", markersize=3)
+        ax.set_xticks(list(x), list(rows), fontsize=8)
+        ax.set_title(f"p = {rate}, N = {result['clients']}", fontsize=9)
+        ax.set_ylabel("tokens/s")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{result['budget']} workers: pairs vs small + large pools behind NVIDIA Dynamo "
+                 f"(median of {result['reps']})", fontsize=10)
+    return _save(fig, path)
+
+
 def plot_vllm_serving(result: dict[str, Any], path: Path) -> Path:
     """`bench-vllm serving`: throughput, TTFT and per-user speed over N, one line per system."""
     keys = (("throughput", "tokens/s", 1), ("ttft_median_s", "TTFT ms (median)", 1e3),

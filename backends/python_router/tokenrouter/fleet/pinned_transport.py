@@ -104,8 +104,8 @@ class PinnedTransport(Transport):
             log.warning("%s instance %x lost: %d request(s) go on at other instances: %s", model, instance,
                         len(moved), error)
         if lost:
-            log.error("%s instance %x lost with %d request(s), no other instance linked: %s", model, instance,
-                      len(lost), error)
+            log.error("%s instance %x lost with %d request(s), %s: %s", model, instance, len(lost),
+                      "no other instance linked" if self._places else "which end here", error)
         for rid in moved:
             assert self._on_moved is not None  # (only a transport that places moves)
             self._on_moved(model, rid)

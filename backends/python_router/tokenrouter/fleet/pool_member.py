@@ -39,7 +39,7 @@ from ..runtime.subserver import Subserver
 from ..serving.pair_secret import pair_secret
 from ..serving.subserver.peer_link import PeerLink
 from ..serving.subserver.peer_sessions import PeerSessions
-from ..serving.subserver.sending_session import CONNECTING
+from ..serving.subserver.sending_session import BETWEEN_SERVERS, CONNECTING, Pacing
 from .dynamo_channel import OriginSessions, direct_opener, peer_handler
 from .entry_owners import EntryOwners
 from .kv_share import entry_capacities
@@ -47,7 +47,11 @@ from .pinned_transport import PinnedTransport
 
 log = logging.getLogger(__name__)
 PEER_ENDPOINT, STATS_ENDPOINT = "peer", "stats"
-WATCH_PERIOD_S = 0.5  # how often the entry looks for instances that joined or left a pool
+WATCH_PERIOD_S = 0.5  # how often a worker looks for instances that joined or left the other pool
+# A peer may get an entry instance's first request before its own link to that instance is up (each
+# side finds the other within WATCH_PERIOD_S): what it answers waits for the link (up to down_after_s)
+# instead of being dropped. The entry places requests only on peer instances whose link is up.
+TO_AN_ENTRY = Pacing(hold_while_connecting=True)
 
 
 def endpoint_path(namespace: str, model: str, endpoint: str) -> str:
@@ -105,7 +109,7 @@ class PoolMember:
                             view=view, down_after_s=config.transport.down_after_s,
                             delay_s=config.transport.delay_ms / 1e3,
                             on_up=lambda peer: log.info("%s: linked to %s at %s", name, peer, address),
-                            on_down=on_down)
+                            on_down=on_down, pacing=BETWEEN_SERVERS if owners is None else TO_AN_ENTRY)
 
         member._served.append(asyncio.ensure_future(_watch_pool(member._instance_lost, transport, other, client, link)))
         subserver.start(on_death=on_death)
