@@ -9,31 +9,22 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
 
-from helpers.pools import MODELS, Pools, concurrent_completions_equal_the_embedded_api, idle, running_pools
+from helpers.pools import (MODELS, concurrent_completions_equal_the_embedded_api, idle, pools_fixture,
+                           reference_fixture, TokenStream)
 from helpers.streams import streaming
-from tokenrouter import TokenRouter
-from tokenrouter.fleet.launcher import tiny_config
 
 pytestmark = pytest.mark.timeout(400)
 PROMPTS = [[321, 784, 10, 67, 14, 301, 309], [5, 6, 7, 8], [1000, 2000, 30, 40, 50, 60], [77] * 9,
            [12, 13, 14], [400, 401, 402, 403, 404], [9] * 5, [2024, 7, 7]]
+KILLED_RUN_TOKENS = 300  # long enough to be still running when its entry worker is killed
 
 
-@pytest.fixture(scope="module")
-def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
-    with running_pools(tmp_path_factory.mktemp("pools"), "2+2") as pools:
-        yield pools
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenRouter]:
-    with TokenRouter.from_config(tiny_config(tmp_path_factory.mktemp("reference"))) as router:
-        yield router
+pools = pools_fixture("2+2")
+reference = reference_fixture()
 
 
 def test_every_entry_links_every_peer_and_every_peer_every_entry(pools):
@@ -68,16 +59,23 @@ def test_every_peer_holds_requests_of_every_entry_and_disconnects_free_every_wor
     assert all(idle(s) for s in stats), stats
 
 
-def test_a_killed_entry_worker_ends_its_request_every_peer_frees_it_and_the_other_entry_serves(pools, reference):
-    with streaming(pools.url, PROMPTS[0], 300) as lines:
-        held = pools.stats.of("slm")
-        victim = next(s for s in held if s["requests_held"] == 1)
-        survivor = next(s["instance"] for s in held if s is not victim)
-        peers = pools.stats.ids("llm")
-        assert sum(p["pinned"]["slm"].get(str(victim["instance"]), 0) for p in pools.stats.of("llm")) == 1
-        os.kill(victim["pid"], signal.SIGKILL)
-        rest = [line for line in lines if line.startswith("data: ")]
-    print("AFTER KILL", rest[-3:])
+def test_a_killed_entry_worker_s_request_moves_to_the_other_entry_and_every_peer_frees_it(pools, reference):
+    """SIGKILL the entry worker a streamed request runs on: Dynamo's frontend migrates the request to the
+    other entry (the prompt and the tokens streamed so far, as a new request), which ends it with the
+    embedded API's greedy tokens (the random policy decides by position, so the continuation is routed
+    as the whole would have been). Every peer frees what it held for the lost entry; the other entry
+    keeps serving."""
+    stream = TokenStream(pools, PROMPTS[0], KILLED_RUN_TOKENS)
+    stream.until(20)  # 20 tokens: the random policy (rate 0.3) has handed the request to a peer
+    held = pools.stats.of("slm")
+    victim = next(s for s in held if s["requests_held"] == 1)
+    survivor = next(s["instance"] for s in held if s is not victim)
+    peers = pools.stats.ids("llm")
+    assert sum(p["pinned"]["slm"].get(str(victim["instance"]), 0) for p in pools.stats.of("llm")) == 1
+    os.kill(victim["pid"], signal.SIGKILL)
+    stream.rest()
+    expected = reference.generate([PROMPTS[0]], max_tokens=KILLED_RUN_TOKENS, ignore_eos=True)[0]
+    assert stream.finish == "length" and stream.tokens == expected.token_ids
     stats = pools.idle(timeout=5.0, entries=[survivor], peers=peers)
-    assert all(idle(s) for s in stats), stats
+    assert all(idle(s) for s in stats), stats  # the lost entry's pin and KV at a peer are gone too
     concurrent_completions_equal_the_embedded_api(pools, reference, PROMPTS[:4], max_tokens=16)

@@ -52,16 +52,24 @@ def moved() -> list[tuple[str, str]]:
     return []
 
 
-@pytest.fixture
-def pool(moved) -> tuple[PinnedTransport, dict[int, FakeLink], list[tuple[str, str]]]:
+Pool = tuple[PinnedTransport, dict[int, FakeLink], list[tuple[str, str]]]
+
+
+def two_instances(model: str, on_moved: Callable[[str, str], None] | None) -> Pool:
+    """A transport with faked links to instances 1 and 2 of ``model``, and the (rid, error) it ended."""
     lost: list[tuple[str, str]] = []
-    transport = PinnedTransport(on_lost=lambda rid, error: lost.append((rid, error)),
-                                on_moved=lambda model, rid: moved.append((model, rid)))
+    transport = PinnedTransport(on_lost=lambda rid, error: lost.append((rid, error)), on_moved=on_moved)
     links = {instance: FakeLink(lambda model, error, instance=instance: transport.instance_lost(model, instance, error))
              for instance in (1, 2)}
     for instance, link in links.items():
-        transport.add("llm", instance, link)  # type: ignore[arg-type]
+        transport.add(model, instance, link)  # type: ignore[arg-type]
     return transport, links, lost
+
+
+@pytest.fixture
+def pool(moved) -> Pool:
+    """The entry's transport to a peer pool."""
+    return two_instances("llm", on_moved=lambda model, rid: moved.append((model, rid)))
 
 
 def test_new_requests_go_to_the_least_pinned_instance_and_stay_there_for_life(pool):
@@ -191,14 +199,9 @@ def from_llm(kind: str, rid: str) -> PeerMessage:
 
 
 @pytest.fixture
-def entries() -> tuple[PinnedTransport, dict[int, FakeLink], list[tuple[str, str]]]:
-    lost: list[tuple[str, str]] = []
-    transport = PinnedTransport(on_lost=lambda rid, error: lost.append((rid, error)))
-    links = {instance: FakeLink(lambda model, error, instance=instance: transport.instance_lost(model, instance, error))
-             for instance in (1, 2)}
-    for instance, link in links.items():
-        transport.add("slm", instance, link)  # type: ignore[arg-type]
-    return transport, links, lost
+def entries() -> Pool:
+    """A peer's transport to the entry pool."""
+    return two_instances("slm", on_moved=None)
 
 
 def test_a_peer_sends_each_request_back_to_the_entry_instance_that_owns_it(entries):

@@ -11,17 +11,15 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from helpers.pools import (Pools, completion, concurrent_completions_equal_the_embedded_api, idle, running_pools,
-                           streamed_tokens)
+from helpers.pools import (Pools, completion, concurrent_completions_equal_the_embedded_api, idle, pools_fixture,
+                           reference_fixture, TokenStream)
 from helpers.streams import streaming
 from tokenrouter import TokenRouter
-from tokenrouter.fleet.launcher import tiny_config
 
 pytestmark = pytest.mark.timeout(400)
 PROMPT_IDS = [321, 784, 10, 67, 14, 301, 309]
@@ -29,16 +27,8 @@ PROMPTS = [PROMPT_IDS, [5, 6, 7, 8], [1000, 2000, 30, 40, 50, 60], [77] * 9]
 KILLED_RUN_TOKENS = 600  # long enough to be still running when its peer worker is killed
 
 
-@pytest.fixture(scope="module")
-def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
-    with running_pools(tmp_path_factory.mktemp("pools"), "1+2") as pools:
-        yield pools
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenRouter]:
-    with TokenRouter.from_config(tiny_config(tmp_path_factory.mktemp("reference"))) as router:
-        yield router
+pools = pools_fixture("1+2")
+reference = reference_fixture()
 
 
 def concurrent_spread(pools: Pools, reference: TokenRouter, instances: list[int] | None = None) -> list[int]:
@@ -104,26 +94,16 @@ def test_a_killed_peer_worker_does_not_fail_its_request_it_goes_on_at_the_other_
     mid-run, the request goes on at the other instance (its whole context prefilled there, as a first
     visit) and ends with exactly the embedded API's greedy tokens; then KV is back to zero on the entry
     and on the instance left, and nothing is pinned."""
-    stream = pools.client.completions.create(
-        model="tokenrouter", prompt=PROMPT_IDS, max_tokens=KILLED_RUN_TOKENS, logprobs=0, stream=True,
-        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
-    chunks = iter(stream)
-    tokens: list[int] = []
-    for chunk in chunks:  # 20 tokens: the random policy (rate 0.3) has handed the request to its instance
-        tokens += streamed_tokens(chunk)
-        if len(tokens) >= 20:
-            break
+    stream = TokenStream(pools, PROMPT_IDS, KILLED_RUN_TOKENS)
+    stream.until(20)  # 20 tokens: the random policy (rate 0.3) has handed the request to its instance
     pinned = pools.stats.of("slm")[0]["pinned"]["llm"]
     victim = next(int(instance) for instance, count in pinned.items() if count == 1)
     survivor = next(instance for instance in pools.stats.ids("llm") if instance != victim)
     before = pools.stats.tokens("llm", [survivor])[0]
     os.kill(pools.stats.pid("llm", victim), signal.SIGKILL)
-    finish = None
-    for chunk in chunks:
-        tokens += streamed_tokens(chunk)
-        finish = (chunk.choices[0].finish_reason if chunk.choices else None) or finish
+    stream.rest()
     expected = reference.generate([PROMPT_IDS], max_tokens=KILLED_RUN_TOKENS, ignore_eos=True)[0]
-    assert finish == "length" and tokens == expected.token_ids
+    assert stream.finish == "length" and stream.tokens == expected.token_ids
     assert pools.stats.tokens("llm", [survivor])[0] > before  # it went on there (nothing else ran)
     stats = pools.idle(timeout=5.0, peers=[survivor])
     assert all(idle(s) for s in stats), stats

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 
 from helpers.launcher import children, stop
 from tokenrouter import TokenRouter
-from tokenrouter.fleet.launcher import fleet_environment
+from tokenrouter.fleet.launcher import fleet_environment, tiny_config
 from tokenrouter.launch.free_ports import free_port
 
 MODELS = ("slm", "llm")
@@ -135,6 +136,28 @@ def idle(stats: dict[str, Any]) -> bool:
         and all(count == 0 for pinned in stats["pinned"].values() for count in pinned.values())
 
 
+def pools_fixture(split: str) -> Any:
+    """A module's one deployment of ``--pools split`` (its start is the module's main cost)."""
+
+    @pytest.fixture(scope="module")
+    def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
+        with running_pools(tmp_path_factory.mktemp("pools"), split) as pools:
+            yield pools
+
+    return pools
+
+
+def reference_fixture() -> Any:
+    """A module's oracle: the embedded API on the same tiny pair and config."""
+
+    @pytest.fixture(scope="module")
+    def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenRouter]:
+        with TokenRouter.from_config(tiny_config(tmp_path_factory.mktemp("reference"))) as router:
+            yield router
+
+    return reference
+
+
 @contextmanager
 def running_pools(run_dir: Path, split: str) -> Iterator[Pools]:
     """``tokenrouter fleet --tiny --pools split``, ready and linked; stopped on leaving."""
@@ -185,6 +208,29 @@ def concurrent_completions_equal_the_embedded_api(pools: Pools, reference: Token
     return [results[i][1] for i in range(len(prompts))]
 
 
-def streamed_tokens(chunk: Any) -> list[int]:
-    logprobs = chunk.choices[0].logprobs if chunk.choices else None
-    return [int(t.removeprefix("token_id:")) for t in (logprobs.tokens if logprobs and logprobs.tokens else [])]
+class TokenStream:
+    """A streamed greedy completion of forced tokens, read by token ids: ``until`` reads its first ones
+    (a kill goes in between), ``rest`` the others and the finish reason."""
+
+    def __init__(self, pools: Pools, prompt: list[int], max_tokens: int) -> None:
+        self._chunks = iter(pools.client.completions.create(
+            model="tokenrouter", prompt=prompt, max_tokens=max_tokens, logprobs=0, stream=True,
+            extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True}))
+        self.tokens: list[int] = []
+        self.finish: str | None = None
+
+    def until(self, count: int) -> None:
+        for chunk in self._chunks:
+            self._take(chunk)
+            if len(self.tokens) >= count:
+                return
+
+    def rest(self) -> None:
+        for chunk in self._chunks:
+            self._take(chunk)
+
+    def _take(self, chunk: Any) -> None:
+        logprobs = chunk.choices[0].logprobs if chunk.choices else None
+        ids = logprobs.tokens if logprobs and logprobs.tokens else []
+        self.tokens += [int(t.removeprefix("token_id:")) for t in ids]
+        self.finish = (chunk.choices[0].finish_reason if chunk.choices else None) or self.finish
