@@ -1,7 +1,8 @@
 """A stand-in tritonserver binary (a Python script to format and write out): it plays Triton's part as the
 launcher sees it from outside: it dies by a signal for its first ``aborts`` runs, exits with ``exit_code``,
 hangs idle with a child (``hang``), or, after ``busy_s`` seconds of burning CPU (a loading start), answers
-/v2/health/ready on its HTTP port and starts a child (as a stub is) that stays up. What the tests check is the launcher, not Triton."""
+/v2/health/ready on its HTTP port and starts a child (as a stub is) that stays up. What the tests check
+is the launcher, not Triton."""
 
 STAND_IN = '''#!{python}
 import http.server, os, signal, subprocess, sys, time
