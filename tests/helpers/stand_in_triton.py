@@ -1,7 +1,8 @@
 """A stand-in tritonserver binary (a Python script to format and write out): it plays Triton's part as the
 launcher sees it from outside: it dies by a signal for its first ``aborts`` runs, exits with ``exit_code``,
-hangs with a child (``hang``), or answers /v2/health/ready on its HTTP port and starts a child (as a stub
-is) that stays up. What the tests check is the launcher, not Triton."""
+hangs idle with a child (``hang``), or, after ``busy_s`` seconds of burning CPU (a loading start), answers
+/v2/health/ready on its HTTP port and starts a child (as a stub is) that stays up. What the tests check
+is the launcher, not Triton."""
 
 STAND_IN = '''#!{python}
 import http.server, os, signal, subprocess, sys, time
@@ -16,6 +17,9 @@ if {exit_code}:
 if {hang}:  # never ready, with a child in its process group (as a stub is)
     Path({runs!r} + ".child").write_text(str(subprocess.Popen(["sleep", "600"]).pid))
     time.sleep(600)
+busy_until = time.monotonic() + {busy_s}
+while time.monotonic() < busy_until:
+    pass
 subprocess.Popen(["sleep", "600"])  # a stub: in its process group, with its environment
 port = int(next(a for a in sys.argv if a.startswith("--http-port=")).split("=")[1])
 

@@ -22,11 +22,11 @@ from tokenrouter.launch.triton_install import TritonInstall
 from tokenrouter.launch.triton_server import START_ATTEMPTS, Ports, TritonServer
 
 def _server(tmp_path: Path, *, aborts: int, exit_code: int = 0, sig: str = "SIGABRT",
-            hang: bool = False) -> tuple[TritonServer, Path]:
+            hang: bool = False, busy_s: float = 0.0) -> tuple[TritonServer, Path]:
     runs = tmp_path / "runs"
     binary = tmp_path / "tritonserver"
     binary.write_text(STAND_IN.format(python=sys.executable, runs=str(runs), aborts=aborts, exit_code=exit_code,
-                                      signal=sig, hang=hang))
+                                      signal=sig, hang=hang, busy_s=busy_s))
     binary.chmod(0o755)
     install = TritonInstall(binary=binary, backends=tmp_path)
     return TritonServer(tmp_path, tmp_path, install, Ports.free()), runs
@@ -89,3 +89,27 @@ def test_a_start_says_how_long_tritonserver_and_the_models_took(monkeypatch: pyt
     times.ready = next(clock)  # 14.5
     assert times.summary() == ("14.5 s: tritonserver 1.5 s, loading the models 12.5 s (the last, slm), "
                                "ready 0.5 s later")
+
+
+def test_a_start_that_stalls_idle_is_made_again(tmp_path: Path) -> None:
+    """Catches a launcher that waits out the whole ready timeout on a hung start (a stub stuck idle in
+    its load, docs/reliability.md): an idle, unready tree is stopped and started again, each time."""
+    server, runs = _server(tmp_path, aborts=0, hang=True)
+    server.start_stall_s = 1.0
+    said: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(StartAborted, match="start stalled"):
+        server.start_ready(60, say=said.append)
+    assert len(runs.read_text()) == START_ATTEMPTS and time.monotonic() - started < 30
+    assert len(said) == START_ATTEMPTS - 1 and all("start stalled" in line for line in said)
+
+
+def test_a_start_that_loads_for_longer_than_the_stall_bound_is_not_stalled(tmp_path: Path) -> None:
+    """Catches a watch that takes a slow start for a hung one: 3 s of CPU before ready, a 1 s bound."""
+    server, runs = _server(tmp_path, aborts=0, busy_s=3.0)
+    server.start_stall_s = 1.0
+    ready = server.start_ready(60)
+    try:
+        assert ready.is_ready() and runs.read_text() == "x"
+    finally:
+        ready.stop()

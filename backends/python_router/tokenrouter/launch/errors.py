@@ -9,5 +9,5 @@ class TritonError(RuntimeError):
 
 class StartAborted(TritonError):
     """tritonserver was killed by a signal before it was ready (not a bad repository: that exits
-    with a code). Seen with the bundled 2.51 on a busy machine: an uncaught
-    ``boost::interprocess::lock_exception`` in its Python backend aborts the start (SIGABRT)."""
+    with a code), or its start stalled (start_watch.py). Seen with the bundled 2.51 on a busy machine:
+    an uncaught ``boost::interprocess::lock_exception`` in its Python backend aborts the start (SIGABRT)."""

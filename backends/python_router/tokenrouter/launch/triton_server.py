@@ -27,6 +27,7 @@ from .free_ports import free_port_run
 from .processes import die_with_parent, started, stub_pids
 from .server_control import ServerControl
 from .shared_memory import make_private, remove_stale_shm_regions, shm_regions_of
+from .start_watch import StallWatch
 from .triton_install import TritonInstall, server_env
 
 # No client may load a model (with files: code that would run in the server), unload one or reload it:
@@ -94,6 +95,9 @@ class TritonServer:
     log_sink: Callable[[str], None] | None = None  # receives each server log line
     extra_args: tuple[str, ...] = ()
     exit_timeout_s: int = 10
+    # a start whose processes stay idle this long while not ready is taken as hung and made again
+    # (start_watch.py); a load that waits on slow storage that long without CPU needs more
+    start_stall_s: float = 60.0
     process: subprocess.Popen[str] | None = field(default=None, init=False)
     peer_secret: str = field(default="", init=False, repr=False)
     _secret_file: Path | None = field(default=None, init=False, repr=False)
@@ -193,6 +197,7 @@ class TritonServer:
         """Block until the server and all its models are ready; raise with the log tail otherwise."""
         assert self.process is not None, "start() first"
         deadline = time.monotonic() + timeout_s
+        watch = StallWatch(self.process.pid, self.start_stall_s)
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self._join_reader()
@@ -206,6 +211,8 @@ class TritonServer:
                 self.ready_stubs, self.ready_regions = self.stubs(), self._shm_regions()
                 make_private(self.ready_regions)
                 return self
+            if (stalled := watch.stalled()) is not None:
+                raise StartAborted(f"{stalled}; last log lines:\n{self.log_tail()}")
             time.sleep(0.25)
         raise TritonError(f"tritonserver not ready after {timeout_s:.0f} s; last log lines:\n{self.log_tail()}")
 
