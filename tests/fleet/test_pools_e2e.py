@@ -143,20 +143,27 @@ def test_a_killed_entry_worker_s_request_moves_to_the_other_entry_and_every_peer
     other entry (the prompt and the tokens streamed so far, as a new request), which ends it with the
     embedded API's greedy tokens (the random policy decides by position, so the continuation is routed
     as the whole would have been). Every peer frees what it held for the lost entry; the other entry
-    keeps serving."""
+    keeps serving; the restarted entry worker is linked again."""
     stream = TokenStream(pools, PROMPTS[0], KILLED_RUN_TOKENS)
     stream.until(20)  # 20 tokens: the random policy (rate 0.3) has handed the request to a peer
     victim = holding(pools)
     survivor = next(s["instance"] for s in pools.stats.of("slm") if s["instance"] != victim["instance"])
     peers = [int(i) for i in victim["linked"]["llm"]]
     assert sum(p["pinned"]["slm"].get(str(victim["instance"]), 0) for p in pools.stats.of("llm", peers)) == 1
+    before = pools.stats.tokens("slm", [survivor])[0]
     os.kill(victim["pid"], signal.SIGKILL)
     stream.rest()
     expected = reference.generate([PROMPTS[0]], max_tokens=KILLED_RUN_TOKENS, ignore_eos=True)[0]
     assert stream.finish == "length" and stream.tokens == expected.token_ids
+    assert pools.stats.tokens("slm", [survivor])[0] > before  # it went on there (nothing else ran)
     stats = pools.idle(timeout=5.0, entries=[survivor], peers=peers)
     assert all(idle(s) for s in stats), stats  # the lost entry's pin and KV at each peer are gone too
     concurrent_completions_equal_the_embedded_api(pools, reference, PROMPTS[4:], max_tokens=16)
+    # The launcher starts the entry worker again; both peers link the new instance by themselves.
+    deadline = time.monotonic() + 120
+    while any(len(p["linked"]["slm"]) < 2 for p in pools.stats.of("llm", peers)):
+        assert time.monotonic() < deadline, f"the restarted entry worker was not linked; logs in {pools.run_dir}"
+        time.sleep(0.5)
 
 
 def test_sigterm_stops_every_worker(pools):
