@@ -6,11 +6,11 @@ only needs *a* routing server uses ``routing_server`` (and ``openai_api``, the O
 module starts its own (``start_server``) only for a repository of its own or to change the server's
 state (stop, reload, kill).
 
-``python -m pytest -q -n 2`` runs the suite in two pytest-xdist workers, a file per worker at a time
-(``--dist loadfile`` in pyproject.toml keeps a module's own servers to one worker); each worker starts
-its own session servers and picks ports from its own half of the free range (``TOKENROUTER_PORT_SLICE``).
-Files that start servers or engines come first and the many quick unit files fill the gaps after them,
-so that neither worker is left with a long file at the end."""
+``python -m pytest -q`` runs the suite in two pytest-xdist workers (``-n 2`` in pyproject.toml; ``-n 0``:
+one process), a file per worker at a time, the files that share a session server on one worker
+(helpers/worker_groups.py); each worker starts its own session servers and picks ports from its own half
+of the free range (``TOKENROUTER_PORT_SLICE``). Files that start servers or engines come first and the
+many quick unit files fill the gaps after them, so that neither worker is left with a long file at the end."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import pytest
 
 from helpers.routing import routing_config
 from helpers.servers import OPENAI_KEY, add_unary_core, add_unary_front, openai_server, start_triton
+from helpers.worker_groups import FilesAndSharedServers
 from tokenrouter.launch.free_ports import SLICE_VARIABLE
 from tokenrouter.launch.triton_install import build_backend_dir, find_triton
 from tokenrouter.launch.openai_process import OpenAIServer
@@ -43,6 +44,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return not any(part in path for part in SLOW_FILES)
 
     items.sort(key=slow_first)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> FilesAndSharedServers | None:
+    return FilesAndSharedServers(config, log) if config.getoption("dist") in ("load", "loadfile") else None
 
 
 def pytest_configure(config: pytest.Config) -> None:

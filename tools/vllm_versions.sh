@@ -26,6 +26,7 @@ for version in "${@:-0.27.1}"; do
     "$venv/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '$version')" \
         || { echo "$venv does not import vLLM $version" >&2; exit 1; }
     echo "vLLM $version:"
-    "$venv/bin/python" -m pytest -q tests/engine/test_vllm_engine.py tests/engine/test_logit_processing_oracle.py \
+    # -n 0: these files share one set of vLLM engines, so they would all go to one xdist worker anyway
+    "$venv/bin/python" -m pytest -q -n 0 tests/engine/test_vllm_engine.py tests/engine/test_logit_processing_oracle.py \
         tests/runtime/test_oracle_vllm.py tests/runtime/test_tensor_parallel_vllm.py tests/e2e/test_vllm_server.py
 done

@@ -4,6 +4,9 @@ hangs idle with a child (``hang``), or, after ``busy_s`` seconds of burning CPU 
 /v2/health/ready on its HTTP port and starts a child (as a stub is) that stays up. What the tests check
 is the launcher, not Triton."""
 
+import sys
+from pathlib import Path
+
 STAND_IN = '''#!{python}
 import http.server, os, signal, subprocess, sys, time
 from pathlib import Path
@@ -35,3 +38,12 @@ class Ready(http.server.BaseHTTPRequestHandler):
 
 http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
 '''
+
+
+def write_stand_in(binary: Path, runs: Path, *, aborts: int = 0, exit_code: int = 0, signal: str = "SIGABRT",
+                   hang: bool = False, busy_s: float = 0.0) -> Path:
+    """The stand-in written to ``binary`` (executable); each run appends a character to ``runs``."""
+    binary.write_text(STAND_IN.format(python=sys.executable, runs=str(runs), aborts=aborts, exit_code=exit_code,
+                                      signal=signal, hang=hang, busy_s=busy_s))
+    binary.chmod(0o755)
+    return binary

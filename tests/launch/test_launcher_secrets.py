@@ -13,13 +13,12 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from helpers.launcher import descendants
-from helpers.stand_in_triton import STAND_IN
+from helpers.stand_in_triton import write_stand_in
 from tokenrouter.launch.triton_install import TritonInstall
 from tokenrouter.launch.triton_server import MODEL_CONTROL, Ports, TritonServer
 from tokenrouter.openai_server.app import API_KEY_ENV
@@ -30,10 +29,7 @@ API_KEY, PAIR_SECRET = "api-key-" + "a" * 32, "pair-secret-" + "p" * 32
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    binary = tmp_path / "tritonserver"
-    binary.write_text(STAND_IN.format(python=sys.executable, runs=str(tmp_path / "runs"), aborts=0, exit_code=0,
-                                      signal="SIGABRT", hang=False))
-    binary.chmod(0o755)
+    binary = write_stand_in(tmp_path / "tritonserver", tmp_path / "runs")
     monkeypatch.setenv(API_KEY_ENV, API_KEY)
     monkeypatch.setenv(PAIR_SECRET_ENV, PAIR_SECRET)
     monkeypatch.delenv(PAIR_SECRET_FILE_ENV, raising=False)

@@ -9,13 +9,12 @@ launcher's retry rule, not Triton.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers.stand_in_triton import STAND_IN
+from helpers.stand_in_triton import write_stand_in
 from tokenrouter.launch.errors import StartAborted, TritonError
 from tokenrouter.launch.processes import process_alive
 from tokenrouter.launch.triton_install import TritonInstall
@@ -24,10 +23,8 @@ from tokenrouter.launch.triton_server import START_ATTEMPTS, Ports, TritonServer
 def _server(tmp_path: Path, *, aborts: int, exit_code: int = 0, sig: str = "SIGABRT",
             hang: bool = False, busy_s: float = 0.0) -> tuple[TritonServer, Path]:
     runs = tmp_path / "runs"
-    binary = tmp_path / "tritonserver"
-    binary.write_text(STAND_IN.format(python=sys.executable, runs=str(runs), aborts=aborts, exit_code=exit_code,
-                                      signal=sig, hang=hang, busy_s=busy_s))
-    binary.chmod(0o755)
+    binary = write_stand_in(tmp_path / "tritonserver", runs, aborts=aborts, exit_code=exit_code, signal=sig,
+                            hang=hang, busy_s=busy_s)
     install = TritonInstall(binary=binary, backends=tmp_path)
     return TritonServer(tmp_path, tmp_path, install, Ports.free()), runs
 

@@ -17,7 +17,7 @@ from tokenrouter.client import DEFAULT_MODEL, grpc_stream, http_post, inputs
 from tokenrouter.serving.repository import render_repository
 
 MAX_ACTIVE, MAX_QUEUE, QUEUE_TIMEOUT_S = 2, 2, 3.0
-LONG = 3000  # tokens per admitted request: they must still run when the queued ones time out
+LONG = 1500  # tokens per admitted request: they must still run when the queued ones time out (~3.5 s in)
 NEVER = 4095  # end id the tiny pair does not produce for these prompts: requests end by length
 BUSY = f"server busy: {MAX_QUEUE} requests queued (max_queue {MAX_QUEUE})"
 
