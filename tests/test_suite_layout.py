@@ -35,6 +35,7 @@ def test_the_files_that_share_a_session_server_are_one_unit_of_work() -> None:
     scope = scheduler._split_scope
     assert scope("tests/e2e/test_routing_server.py::test_a") == scope("tests/reliability/test_cancellation.py::t") \
         == scope("tests/e2e/test_openai_api.py::t") == "routing server"
-    assert scope("tests/engine/test_vllm_engine.py::t[x]") == scope("tests/e2e/test_vllm_server.py::t") == "vLLM engines"
+    assert scope("tests/engine/test_vllm_engine.py::t[x]") == scope("tests/e2e/test_vllm_server.py::t") \
+        == "vLLM engines"
     assert scope("tests/e2e/test_frontend.py::t") == scope("tests/e2e/test_third_party_shapes.py::t") == "echo server"
     assert scope("tests/test_procfs.py::test_a") == scope("tests/test_procfs.py::test_b") == "tests/test_procfs.py"
