@@ -165,22 +165,18 @@ class TritonChannel:
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self.idle_streams = IdleStreams(self.IDLE_STREAM_S)
 
-    async def ready(self, models: Sequence[str], timeout_s: float = 0.25) -> bool:
-        """Whether Triton is ready and so is each of ``models``, answered within ``timeout_s`` in all: a
-        ready Triton answers in milliseconds, and one shutting down can hold a call (seen holding /health
-        for a second after a stub died), which a health probe must read as not ready."""
+    async def ready(self, models: Sequence[str], timeout_s: float = 2.0) -> bool:
+        """Whether Triton is ready and so is each of ``models``."""
         try:
-            return await asyncio.wait_for(self._ready(models), timeout_s)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError):
-            return False
-
-    async def _ready(self, models: Sequence[str]) -> bool:
-        if not (await self._stub.ServerReady(service_pb2.ServerReadyRequest())).ready:
-            return False
-        for model in models:
-            if not (await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=model))).ready:
+            if not (await self._stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=timeout_s)).ready:
                 return False
-        return True
+            for model in models:
+                reply = await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=model), timeout=timeout_s)
+                if not reply.ready:
+                    return False
+            return True
+        except grpc.aio.AioRpcError:
+            return False
 
     async def generate(self, model: str, inputs: Mapping[str, np.ndarray],
                        outputs: Sequence[str]) -> AsyncGenerator[FrontReply, None]:
