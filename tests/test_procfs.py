@@ -5,6 +5,7 @@ spaces and parentheses, through its zombie state to its end."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter.procfs import child_pids, proc_stat
+from tokenrouter.procfs import child_pids, group_cpu_s, proc_stat
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc only")
 
@@ -79,3 +80,26 @@ def test_child_pids_sees_children_of_any_thread():
         child.kill()
         child.wait()
     assert child.pid not in child_pids(os.getpid()) and child_pids(2**22 + 1) == []
+
+
+BURNER = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\ntime.sleep(60)"
+LEADER = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {BURNER!r}])\ntime.sleep(60)"
+
+
+def test_group_cpu_counts_every_member_of_the_group() -> None:
+    """Catches a count of the group's leader alone: the leader sleeps while a process it started (in its
+    group, as a stub is in tritonserver's) burns half a second; nothing is counted once the group is gone."""
+    leader = subprocess.Popen([sys.executable, "-c", LEADER], start_new_session=True)  # a group of its own
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and group_cpu_s(leader.pid) < 1.0:
+            time.sleep(0.05)
+        own = proc_stat(leader.pid)
+        assert own is not None and group_cpu_s(leader.pid) - own.cpu_s >= 0.5
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+    deadline = time.monotonic() + 5  # the burner, reparented, is reaped by init
+    while group_cpu_s(leader.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert group_cpu_s(leader.pid) == 0.0

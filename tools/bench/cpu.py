@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from tokenrouter.procfs import proc_stat
+from tokenrouter.procfs import group_members
 
 
 def _stub_model(cmdline: list[str]) -> str | None:
@@ -26,21 +26,13 @@ def group_cpu_by_process(pgid: int) -> dict[str, float]:
     """User + system CPU seconds of the live processes in process group ``pgid`` (Linux /proc), by
     process: a stub under its model's name, anything else under its command name."""
     seconds: defaultdict[str, float] = defaultdict(float)
-    for proc in Path("/proc").glob("[0-9]*"):
-        stat = proc_stat(proc.name)
-        if stat is None or stat.pgrp != pgid:
-            continue
+    for pid, stat in group_members(pgid).items():
         try:
-            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue  # the process ended while we looked
         seconds[_stub_model(cmdline) or stat.comm] += stat.cpu_s
     return dict(seconds)
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU of the live processes in process group ``pgid``."""
-    return sum(group_cpu_by_process(pgid).values())
 
 
 def own_cpu_seconds() -> float:

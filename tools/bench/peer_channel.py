@@ -29,11 +29,11 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from tokenrouter.procfs import group_cpu_s
 from tokenrouter.protocol import PeerMessage, decode_batch, encode_batch
 from tokenrouter.serving.repository import model_config, write_model
 from tokenrouter.serving.schema import PEER_INPUT, SUBSERVER_INPUTS
 
-from .cpu import group_cpu_seconds
 
 SINK = "peer_sink"
 METHOD = "/tokenrouter.PeerLink/Messages"
@@ -174,7 +174,7 @@ def run_triton(sizes: list[int], batches: int, rate: float) -> list[dict]:
                               Ports.free(), host="127.0.0.1", exit_timeout_s=5).start_ready(300)
         try:
             channel = TritonChannel(server.grpc_url)
-            rows = [measure(channel, lambda: group_cpu_seconds(server.running.pid), size, batches, rate)
+            rows = [measure(channel, lambda: group_cpu_s(server.running.pid), size, batches, rate)
                     for size in sizes]
             channel.close()
             return rows
@@ -189,7 +189,7 @@ def run_grpcio(sizes: list[int], batches: int, rate: float) -> list[dict]:
     try:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
         channel = GrpcioChannel(f"127.0.0.1:{port}")
-        rows = [measure(channel, lambda: group_cpu_seconds(process.pid), size, batches, rate) for size in sizes]
+        rows = [measure(channel, lambda: group_cpu_s(process.pid), size, batches, rate) for size in sizes]
         channel.close()
         return rows
     finally:

@@ -45,3 +45,19 @@ def child_pids(pid: int | str) -> list[int]:
     except OSError:
         return []
     return sorted(children)
+
+
+def group_members(pgid: int) -> dict[int, ProcStat]:
+    """The live processes of process group ``pgid`` (a server started in its own session, with its
+    stubs and their workers), pid -> stat line."""
+    members = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        stat = proc_stat(proc.name)
+        if stat is not None and stat.pgrp == pgid:
+            members[int(proc.name)] = stat
+    return members
+
+
+def group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds used so far by the live processes of process group ``pgid``."""
+    return sum(stat.cpu_s for stat in group_members(pgid).values())

@@ -1,5 +1,6 @@
-"""Notices a tritonserver start that has stopped moving: its whole process tree (tritonserver and the
-Python stubs) used next to no CPU for ``stall_s`` while the server was not ready.
+"""Notices a tritonserver start that has stopped moving: its processes (tritonserver and the Python
+stubs, its process group: it runs in a session of its own) used next to no CPU for ``stall_s`` while the
+server was not ready.
 
 A loading start always burns CPU (interpreters, imports, weights). One kind of hang seen on two busy
 cores does not (docs/reliability.md, "A start that hangs"): a stub starved of CPU misses the Python
@@ -12,36 +13,24 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from tokenrouter.procfs import child_pids, proc_stat
+from tokenrouter.procfs import group_cpu_s
 
-# An idle tree uses well under this share of one core (a stub's health flag, Triton's timers); a loading
+# An idle group uses well under this share of one core (a stub's health flag, Triton's timers); a loading
 # one uses most of a core even when starved by other work.
 IDLE_SHARE = 0.02
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds used so far by ``pid`` and its living descendants (0 for those already gone)."""
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        stat = proc_stat(current)
-        if stat is not None:
-            total += stat.cpu_s
-            todo += child_pids(current)
-    return total
 
 
 class StallWatch:
     """``stalled()`` says why the start looks stopped, or None while it moves (read it every fraction of a
     second while waiting for readiness)."""
 
-    def __init__(self, pid: int, stall_s: float, clock: Callable[[], float] = time.monotonic,
-                 cpu_s: Callable[[int], float] = tree_cpu_s) -> None:
-        self._pid, self._stall_s, self._clock, self._cpu_s = pid, stall_s, clock, cpu_s
-        self._since, self._cpu_at_since = clock(), cpu_s(pid)
+    def __init__(self, pgid: int, stall_s: float, clock: Callable[[], float] = time.monotonic,
+                 cpu_s: Callable[[int], float] = group_cpu_s) -> None:
+        self._pgid, self._stall_s, self._clock, self._cpu_s = pgid, stall_s, clock, cpu_s
+        self._since, self._cpu_at_since = clock(), cpu_s(pgid)
 
     def stalled(self) -> str | None:
-        now, cpu = self._clock(), self._cpu_s(self._pid)
+        now, cpu = self._clock(), self._cpu_s(self._pgid)
         used = cpu - self._cpu_at_since  # negative when a stub exited and took its CPU time along
         if used < 0 or used > IDLE_SHARE * self._stall_s:
             self._since, self._cpu_at_since = now, cpu

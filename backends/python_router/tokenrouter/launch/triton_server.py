@@ -197,7 +197,7 @@ class TritonServer:
         """Block until the server and all its models are ready; raise with the log tail otherwise."""
         assert self.process is not None, "start() first"
         deadline = time.monotonic() + timeout_s
-        watch = StallWatch(self.process.pid, self.start_stall_s)
+        watch = StallWatch(self.process.pid, self.start_stall_s)  # its own group: start_new_session
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self._join_reader()
