@@ -15,7 +15,7 @@ from tokenrouter.launch.processes import process_alive
 from tokenrouter.launch.triton_server import Ports
 
 from helpers.launcher import descendants, launch
-from helpers.servers import render_echo_repository
+from helpers.servers import render_lean_echo_repository
 
 
 def test_serve_runs_a_repository_and_a_killed_launcher_takes_the_server_with_it(tiny_tokenizer: Path,
@@ -23,11 +23,11 @@ def test_serve_runs_a_repository_and_a_killed_launcher_takes_the_server_with_it(
     """Ready, answers, and a launcher killed outright (no handler runs) takes its server: the server
     learns it from PR_SET_PDEATHSIG. The stops by signal without orphans are other tests' last steps:
     Ctrl-C test_installed_package's (the installed `serve --tiny`), SIGTERM test_shutdown's."""
-    repo = render_echo_repository(tmp_path / "repo", tiny_tokenizer)
+    repo = render_lean_echo_repository(tmp_path / "repo", tiny_tokenizer)
     launcher, ports = launch("--model-repository", str(repo))
     try:
         server_pids = descendants(launcher.pid)
-        assert len(server_pids) >= 4, "expected tritonserver and a stub per Python model"
+        assert len(server_pids) >= 3, "expected tritonserver and a stub per Python model"
         reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": "hello", "exclude_input_in_output": True})
         assert reply["text_output"] == "hello"
     finally:
@@ -40,7 +40,7 @@ def test_serve_runs_a_repository_and_a_killed_launcher_takes_the_server_with_it(
 
 
 def test_serve_reports_a_model_that_cannot_load(tiny_tokenizer: Path, tmp_path: Path) -> None:
-    repo = render_echo_repository(tmp_path / "repo", tmp_path / "no-such-tokenizer")
+    repo = render_lean_echo_repository(tmp_path / "repo", tmp_path / "no-such-tokenizer")
     ports = Ports.free()
     done = subprocess.run(
         [sys.executable, "-m", "tokenrouter.launch.cli", "serve", "--model-repository", str(repo),

@@ -37,12 +37,15 @@ def _listening_addresses(port: int) -> set[str]:
     return found
 
 
-def _wait_until_held(ports: Ports, count: int, timeout_s: float = 60.0) -> None:
-    """Until the entry subserver holds ``count`` requests (its metrics), as the launcher's drain reads them."""
+def _wait_until_held(ports: Ports, streams: list[concurrent.futures.Future], timeout_s: float = 60.0) -> None:
+    """Until the entry subserver holds a request of each of ``streams`` (its metrics), as the launcher's
+    drain reads them; a stream that ends meanwhile fails the wait with what it returned or raised."""
     reader = TritonServer(Path("."), Path("."), TritonInstall(Path("tritonserver"), Path(".")), ports, host="127.0.0.1")
     deadline = time.monotonic() + timeout_s
-    while (reader.control.requests_held("slm") or 0) < count:
-        assert time.monotonic() < deadline, f"fewer than {count} requests reached the entry"
+    while (held := reader.control.requests_held("slm") or 0) < len(streams):
+        ended = [stream for stream in streams if stream.done()]
+        assert not ended, f"a stream ended before SIGTERM: {ended[0].exception() or ended[0].result()}"
+        assert time.monotonic() < deadline, f"{held} of {len(streams)} requests reached the entry"
         time.sleep(0.1)
 
 
@@ -84,14 +87,16 @@ def test_sigterm_drains_sixteen_streams_and_leaves_nothing_behind(tmp_path: Path
         # readable by this user only (the backend makes them 0644: any local account could read them)
         assert {stat.S_IMODE(region.stat().st_mode) for region in regions} == {0o600}
         with concurrent.futures.ThreadPoolExecutor(STREAMS + 2) as pool:
+            # The OpenAI streams first and held before the gRPC ones start: on a loaded machine the OpenAI
+            # clients took seconds to connect, while the gRPC streams went on and some finished meanwhile.
+            openai_streams = [pool.submit(_openai_stream, launcher.openai_port, seed) for seed in range(2)]
+            _wait_until_held(ports, openai_streams)
             streams = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
                                                             max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS,
                                                             random_seed=i),
                                    timeout_s=120)
                        for i in range(STREAMS)]
-            openai_streams = [pool.submit(_openai_stream, launcher.openai_port, seed) for seed in range(2)]
-            _wait_until_held(ports, STREAMS + 2)  # all in flight (on a loaded machine 1 s was not always enough
-            # for the OpenAI clients to connect: they were then refused after the SIGTERM)
+            _wait_until_held(ports, openai_streams + streams)  # all in flight before the SIGTERM
             assert not any(s.done() for s in streams + openai_streams), "streams finished before SIGTERM"
             launcher.send_signal(signal.SIGTERM)
             # admission is closed while draining: the front refuses by state once the launcher's drain call

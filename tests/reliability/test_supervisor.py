@@ -10,7 +10,6 @@ restarts in seconds, and what is tested is the launcher, not the engines.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import threading
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.servers import render_echo_repository
+from helpers.servers import render_lean_echo_repository
 from helpers.launcher import launch, triton_pid
 from tokenrouter.client import http_generate
 from tokenrouter.launch.supervisor import BACKOFF_MAX_S, FREE_RESTARTS
@@ -66,9 +65,7 @@ class Launcher:
 
 @pytest.fixture(scope="module")
 def launcher(tiny_pair: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    repository = render_echo_repository(tmp_path_factory.mktemp("supervised") / "repo", tiny_pair["small"])
-    for model in ("preprocessing", "postprocessing", "unary"):  # each stub costs a restart seconds
-        shutil.rmtree(repository / model)
+    repository = render_lean_echo_repository(tmp_path_factory.mktemp("supervised") / "repo", tiny_pair["small"])
     served = Launcher(repository)
     yield served
     served.process.send_signal(signal.SIGTERM)
