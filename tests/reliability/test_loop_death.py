@@ -1,56 +1,24 @@
 """A subserver loop that dies anyway (a bug) under Triton: its requests end with an error, the
 server stops saying it is ready, and `tokenrouter serve` brings it back.
 
-The bug is injected from outside the product, the way a user extends a repository: the rendered
-tiny repository's `llm` model is served by the plain Python backend through a test model.py
-that wraps the real backend and makes its loop raise once a trigger file exists. Nothing in the
-product knows about it.
+The bug is injected from outside the product, the way a user extends a repository: the shared
+launcher's repository (helpers/supervised.py) serves `llm` through a test model.py that wraps the real
+backend and makes its loop raise once a trigger file exists. Nothing in the product knows about it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from tritonclient.utils import InferenceServerException
 
 from helpers.routing import PROMPTS
-from helpers.launcher import launch, stop, tiny_repository
+from helpers.supervised import BREAKABLE_MODEL, READY_AGAIN_S, Supervised
 from tokenrouter.client import grpc_stream, http_generate, inputs
-
-BROKEN_MODEL = "llm"
-BREAKING_MODEL_PY = '''
-import os
-
-from tokenrouter.serving.subserver.backend_model import TritonPythonModel as Backend
-
-
-class TritonPythonModel(Backend):
-    def initialize(self, args):
-        super().initialize(args)
-        subserver = self.model.subserver
-        execute = subserver._execute
-
-        def broken(batch):
-            if os.path.exists({trigger!r}):
-                raise RuntimeError("a bug injected by the test")
-            return execute(batch)
-
-        subserver._execute = broken
-'''
-
-
-def _repository_with_a_breakable_loop(repo: Path, trigger: Path) -> Path:
-    tiny_repository(repo)
-    config = repo / BROKEN_MODEL / "config.pbtxt"
-    config.write_text(config.read_text().replace('backend: "python_router"', 'backend: "python"'))
-    (repo / BROKEN_MODEL / "1" / "model.py").write_text(BREAKING_MODEL_PY.format(trigger=str(trigger)))
-    return repo
 
 
 def _ready(http_url: str) -> bool:
@@ -61,18 +29,16 @@ def _ready(http_url: str) -> bool:
         return False
 
 
-def test_a_dead_loop_fails_its_requests_marks_the_server_not_ready_and_heals(tmp_path: Path) -> None:
+def test_a_dead_loop_fails_its_requests_marks_the_server_not_ready_and_heals(
+        supervised_launcher: Supervised) -> None:
     """Catches a loop that dies silently under Triton: before the stub took itself down, the
     requests failed but Triton kept the model READY and every later request reaching the model
     was refused, with no restart (the supervisor watches processes, not threads)."""
-    trigger = tmp_path / "break-now"
-    repo = _repository_with_a_breakable_loop(tmp_path / "repo", trigger)
-    launcher, ports = launch("--model-repository", str(repo))
-    log: list[str] = []
-    threading.Thread(target=lambda: log.extend(launcher.stdout), daemon=True).start()
-    grpc_url, http_url = f"127.0.0.1:{ports.grpc}", f"127.0.0.1:{ports.http}"
+    served = supervised_launcher
+    served.wait_ready()
+    trigger, log, start = served.break_trigger, served.log, len(served.log)
+    grpc_url, http_url = served.grpc_url, f"127.0.0.1:{served.ports.http}"
     try:
-        assert _ready(http_url)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             streams = [pool.submit(grpc_stream, grpc_url, inputs(text_input=PROMPTS[i], stream=True,
                                                                   max_tokens=1000, min_tokens=1000, random_seed=i),
@@ -91,17 +57,17 @@ def test_a_dead_loop_fails_its_requests_marks_the_server_not_ready_and_heals(tmp
                     pytest.fail("a request of the dead loop never ended:\n" + "".join(log[-60:]))
                 else:
                     pytest.fail("a request of the dead loop finished as if nothing had happened")
-        trigger.unlink()  # the restarted server must not break again
-        deadline = time.monotonic() + 240
-        while not any("ready again" in line for line in log):
-            not_ready_seen = not_ready_seen or not _ready(http_url)
-            assert time.monotonic() < deadline, "the server did not come back:\n" + "".join(log[-40:])
-            time.sleep(0.1)
-        assert any(f"model {BROKEN_MODEL}: the subserver loop died" in line for line in log), "".join(log[-40:])
-        assert not_ready_seen, "readiness never dropped while the broken server was replaced"
-        assert max(ended) < 2.0, f"requests ended {max(ended):.2f} s after the loop died"
-        reply = http_generate(http_url, {"text_input": PROMPTS[0], "max_tokens": 8})
-        assert len(reply["output_ids"]) == 8
-        print(f"requests ended within {max(ended):.2f} s of the loop's death")
     finally:
-        stop(launcher)
+        trigger.unlink(missing_ok=True)  # the restarted server must not break again
+    deadline = time.monotonic() + READY_AGAIN_S
+    while not any("ready again" in line for line in served.lines_since(start)):
+        not_ready_seen = not_ready_seen or not _ready(http_url)
+        assert time.monotonic() < deadline, "the server did not come back:\n" + "".join(log[-40:])
+        time.sleep(0.1)
+    assert any(f"model {BREAKABLE_MODEL}: the subserver loop died" in line for line in served.lines_since(start)), \
+        "".join(log[-40:])
+    assert not_ready_seen, "readiness never dropped while the broken server was replaced"
+    assert max(ended) < 2.0, f"requests ended {max(ended):.2f} s after the loop died"
+    reply = http_generate(http_url, {"text_input": PROMPTS[0], "max_tokens": 8})
+    assert len(reply["output_ids"]) == 8
+    print(f"requests ended within {max(ended):.2f} s of the loop's death")

@@ -10,47 +10,34 @@ from __future__ import annotations
 import concurrent.futures
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from tritonclient.utils import InferenceServerException
 
 from helpers.routing import PROMPTS
-from helpers.launcher import launch, stop, tiny_repository, triton_pid
+from helpers.launcher import triton_pid
+from helpers.supervised import Supervised
 from tokenrouter.client import GrpcStream, grpc_stream, http_generate, inputs
 
 OPEN_STREAMS, IN_FLIGHT, MAX_TOKENS = 20, 6, 200
 RELOAD_REASON = "the server is restarting to apply a configuration change; try again"
 
 
-def _lines(launcher) -> list[str]:
-    import threading
-
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True).start()
-    return lines
-
-
-def _wait_for(lines: list[str], text: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not any(text in line for line in list(lines)):
-        assert time.monotonic() < deadline, f"no {text!r}:\n" + "".join(lines[-30:])
-        time.sleep(0.1)
-
-
-def test_a_reload_after_a_burst_with_twenty_open_streams_loses_no_request_and_applies_the_edit(tmp_path: Path):
-    repository = tmp_path / "repo"
-    launcher, ports = launch("--model-repository", str(tiny_repository(repository)), "--drain-timeout=120")
-    lines = _lines(launcher)
-    url = f"127.0.0.1:{ports.grpc}"
+def test_a_reload_after_a_burst_with_twenty_open_streams_loses_no_request_and_applies_the_edit(
+        supervised_launcher: Supervised) -> None:
+    served = supervised_launcher
+    served.wait_ready()
+    launcher, ports, url, start = served.launcher, served.ports, served.grpc_url, len(served.log)
     streams = [GrpcStream(url) for _ in range(OPEN_STREAMS)]
+    config = served.repository / "tokenrouter" / "config.pbtxt"
+    original = config.read_text()
     try:
         old_server = triton_pid(launcher.pid)
         for i, stream in enumerate(streams):  # the burst: answered, and its streams stay open
             stream.send(inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True, max_tokens=8, min_tokens=8))
         for stream in streams:
             assert sum(reply["output_ids"].size for reply in stream.replies(timeout_s=120)) == 8
-        config = repository / "tokenrouter" / "config.pbtxt"  # the edit: at most 2 sequences per request
+        # the edit: at most 2 sequences per request
         edited = config.read_text().replace('key: "max_return_sequences"\n  value {\n    string_value: "16"',
                                             'key: "max_return_sequences"\n  value {\n    string_value: "2"')
         assert edited != config.read_text()
@@ -63,7 +50,7 @@ def test_a_reload_after_a_burst_with_twenty_open_streams_loses_no_request_and_ap
             time.sleep(1.0)
             assert not any(f.done() for f in flying), "requests finished before the reload"
             launcher.send_signal(signal.SIGHUP)
-            _wait_for(lines, "reload: refusing new requests", 30)
+            served.wait_for_line("reload: refusing new requests", start, 30)
             time.sleep(0.5)
             with pytest.raises(InferenceServerException, match=RELOAD_REASON):
                 grpc_stream(url, inputs(text_input="x", max_tokens=2), timeout_s=30)
@@ -71,8 +58,9 @@ def test_a_reload_after_a_burst_with_twenty_open_streams_loses_no_request_and_ap
                 responses = request.result(timeout=300)
                 reason = responses[-1]["finish_reason"].reshape(-1)[0]
                 assert (reason, sum(r["output_ids"].size for r in responses)) == (b"length", MAX_TOKENS)
-        _wait_for(lines, "ready again", 300)
-        assert not any("drain timed out" in line for line in lines), "".join(lines[-30:])
+        served.wait_for_line("ready again", start, 300)
+        assert not any("drain timed out" in line for line in served.lines_since(start)), \
+            "".join(served.log[-30:])
         assert triton_pid(launcher.pid) != old_server
         reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": PROMPTS[0], "max_tokens": 4})
         assert len(reply["output_ids"]) == 4
@@ -81,4 +69,4 @@ def test_a_reload_after_a_burst_with_twenty_open_streams_loses_no_request_and_ap
     finally:
         for stream in streams:
             stream.close()
-        stop(launcher, timeout_s=120)
+        config.write_text(original)  # applies at the shared server's next start

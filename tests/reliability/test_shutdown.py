@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import http.client
+import queue
 import signal
 import stat
 import time
@@ -60,15 +61,21 @@ def _openai_stream(port: int, seed: int) -> tuple[str, int]:
 
 
 def _refused_within(url: str, seconds: float) -> bool:
-    """Whether a new request is refused with the shutdown reason within ``seconds`` (a request taken before
-    the drain reached the front just finishes)."""
+    """Whether a new request is refused with the shutdown reason within ``seconds``. A probe taken before
+    the drain reached the front waits behind the requests in flight (max_active holds most of them in the
+    queue): it is cancelled after a second and the next one sent."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        probe = GrpcStream(url)
         try:
-            grpc_stream(url, inputs(text_input="x", max_tokens=2), timeout_s=30)
+            probe.request(inputs(text_input="x", max_tokens=2), timeout_s=1.0)
         except InferenceServerException as refused:
             assert "the server is shutting down; try again" in str(refused), refused
             return True
+        except queue.Empty:  # taken, and waiting
+            probe.cancel()
+        finally:
+            probe.close()
         time.sleep(0.1)
     return False
 
