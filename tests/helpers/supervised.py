@@ -1,5 +1,5 @@
 """A `tokenrouter serve` shared by the tests that break its server and watch the supervisor heal it
-(tests/reliability/conftest.py: ``supervised``).
+(tests/reliability/conftest.py: ``supervised_launcher``).
 
 Its repository is the tiny one with `llm` served through a wrapper of the real backend whose loop raises
 once a trigger file exists (test_loop_death.py): the injected bug comes from outside the product, the
