@@ -4,24 +4,18 @@ and pay its start once (tests/helpers/worker_groups.py sends their files to one 
 
 from __future__ import annotations
 
-import threading
 from typing import Iterator
 
 import pytest
 
-from helpers.launcher import launch, stop
-from helpers.supervised import Supervised, breakable_repository
+from helpers.launcher import stop
+from helpers.supervised import Supervised
 
 
 @pytest.fixture(scope="package")
 def supervised_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervised]:
     folder = tmp_path_factory.mktemp("supervised")
-    trigger = folder / "break-now"
-    repository = breakable_repository(folder / "repo", trigger)
-    # the reload test's drain: its requests in flight finish whole
-    launcher, ports = launch("--model-repository", str(repository), "--drain-timeout=120")
-    served = Supervised(launcher, ports, repository, trigger)
-    # kept read: a full pipe would block the launcher's log forwarding
-    threading.Thread(target=lambda: served.log.extend(launcher.stdout), daemon=True).start()
+    # --drain-timeout: the reload test's drain, whose requests in flight finish whole
+    served = Supervised(folder / "repo", folder / "break-now", "--drain-timeout=120")
     yield served
-    stop(launcher, timeout_s=120)
+    stop(served.process, timeout_s=120)

@@ -14,9 +14,8 @@ from tritonclient.utils import InferenceServerException
 
 from tokenrouter.client import grpc_stream, http_generate, inputs
 from helpers.routing import PROMPTS
-from helpers.launcher import seconds_until_not_ready, triton_pid
+from helpers.launcher import seconds_until_not_ready
 from helpers.supervised import READY_AGAIN_S, Supervised
-from tokenrouter.launch.processes import stub_pids
 from tokenrouter.procfs import proc_stat
 
 # Readiness drops once the supervisor has ended the requests in flight (control calls, before Triton's
@@ -35,18 +34,13 @@ def _not_ready_after_kill(pid: int, urls: list[str]) -> tuple[float, dict[str, f
     return killed_at, took
 
 
-def _stubs(launcher_pid: int) -> dict[str, int]:
-    """model -> stub pid of the tritonserver that the launcher runs now."""
-    return stub_pids(triton_pid(launcher_pid))
-
-
-def _start_report(launcher_pid: int) -> str:
+def _start_report(served: Supervised) -> str:
     """Where a restart that did not finish stands: per stub of the new server, its state (R running,
     S sleeping) and CPU seconds so far, with the load average; a start slowed by load shows stubs that
     run and gather CPU, one stuck shows stubs asleep with their CPU time standing still."""
     lines = [f"load average {os.getloadavg()[0]:.1f}"]
     try:
-        stubs = _stubs(launcher_pid)
+        stubs = served.stubs()
     except (StopIteration, OSError):
         return lines[0] + "; no tritonserver running"
     for model, pid in sorted(stubs.items()):
@@ -62,9 +56,9 @@ def _start_report(launcher_pid: int) -> str:
 def test_a_killed_stub_fails_its_requests_and_the_server_serves_again(supervised_launcher: Supervised,
                                                                       model: str) -> None:
     served = supervised_launcher
-    launcher, ports, log, url, urls = served.launcher, served.ports, served.log, served.grpc_url, served.health_urls
+    log, url, urls = served.lines, served.grpc_url, served.health_urls
     served.wait_ready()
-    before = _stubs(launcher.pid)
+    before = served.stubs()
     restarts_before = len(log)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         streams = [pool.submit(grpc_stream, url, inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True,
@@ -93,11 +87,11 @@ def test_a_killed_stub_fails_its_requests_and_the_server_serves_again(supervised
     # not stop requests), so serving counts only once the supervisor has the new one ready.
     while not any("ready again" in line for line in log[restarts_before:]):
         assert time.monotonic() < deadline, (f"the server did not restart within {READY_AGAIN_S:.0f} s:\n"
-                                             f"{_start_report(launcher.pid)}\n" + "".join(log[-40:]))
+                                             f"{_start_report(served)}\n" + "".join(log[-40:]))
         time.sleep(0.2)
-    reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": PROMPTS[0], "max_tokens": 8})
+    reply = http_generate(served.http_url, {"text_input": PROMPTS[0], "max_tokens": 8})
     assert len(reply["output_ids"]) == 8
     print(f"{model}: not ready after {', '.join(f'{s:.3f}' for s in not_ready.values())} s (Triton, OpenAI), "
           f"requests ended within {max(ended):.2f} s, serving again {time.monotonic() - killed_at:.1f} s "
           f"after the kill")
-    assert _stubs(launcher.pid)[model] != before[model]
+    assert served.stubs()[model] != before[model]

@@ -36,8 +36,8 @@ def test_a_dead_loop_fails_its_requests_marks_the_server_not_ready_and_heals(
     was refused, with no restart (the supervisor watches processes, not threads)."""
     served = supervised_launcher
     served.wait_ready()
-    trigger, log, start = served.break_trigger, served.log, len(served.log)
-    grpc_url, http_url = served.grpc_url, f"127.0.0.1:{served.ports.http}"
+    trigger, log, grpc_url, http_url = served.break_trigger, served.lines, served.grpc_url, served.http_url
+    ready, died = served.count("ready again"), served.count(f"model {BREAKABLE_MODEL}: the subserver loop died")
     try:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             streams = [pool.submit(grpc_stream, grpc_url, inputs(text_input=PROMPTS[i], stream=True,
@@ -60,12 +60,11 @@ def test_a_dead_loop_fails_its_requests_marks_the_server_not_ready_and_heals(
     finally:
         trigger.unlink(missing_ok=True)  # the restarted server must not break again
     deadline = time.monotonic() + READY_AGAIN_S
-    while not any("ready again" in line for line in served.lines_since(start)):
+    while served.count("ready again") == ready:
         not_ready_seen = not_ready_seen or not _ready(http_url)
         assert time.monotonic() < deadline, "the server did not come back:\n" + "".join(log[-40:])
         time.sleep(0.1)
-    assert any(f"model {BREAKABLE_MODEL}: the subserver loop died" in line for line in served.lines_since(start)), \
-        "".join(log[-40:])
+    assert served.count(f"model {BREAKABLE_MODEL}: the subserver loop died") > died, "".join(log[-40:])
     assert not_ready_seen, "readiness never dropped while the broken server was replaced"
     assert max(ended) < 2.0, f"requests ended {max(ended):.2f} s after the loop died"
     reply = http_generate(http_url, {"text_input": PROMPTS[0], "max_tokens": 8})

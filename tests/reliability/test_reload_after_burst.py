@@ -15,11 +15,11 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from helpers.routing import PROMPTS
-from helpers.launcher import triton_pid
 from helpers.supervised import Supervised
 from tokenrouter.client import GrpcStream, grpc_stream, http_generate, inputs
 
 OPEN_STREAMS, IN_FLIGHT, MAX_TOKENS = 20, 6, 200
+RELOADING = "reload: refusing new requests"
 RELOAD_REASON = "the server is restarting to apply a configuration change; try again"
 
 
@@ -27,12 +27,13 @@ def test_a_reload_after_a_burst_with_twenty_open_streams_loses_no_request_and_ap
         supervised_launcher: Supervised) -> None:
     served = supervised_launcher
     served.wait_ready()
-    launcher, ports, url, start = served.launcher, served.ports, served.grpc_url, len(served.log)
+    launcher, url = served.process, served.grpc_url
+    reloads, ready, timed_out = (served.count(text) for text in (RELOADING, "ready again", "drain timed out"))
     streams = [GrpcStream(url) for _ in range(OPEN_STREAMS)]
     config = served.repository / "tokenrouter" / "config.pbtxt"
     original = config.read_text()
     try:
-        old_server = triton_pid(launcher.pid)
+        old_server = served.server_pid()
         for i, stream in enumerate(streams):  # the burst: answered, and its streams stay open
             stream.send(inputs(text_input=PROMPTS[i % len(PROMPTS)], stream=True, max_tokens=8, min_tokens=8))
         for stream in streams:
@@ -50,7 +51,7 @@ def test_a_reload_after_a_burst_with_twenty_open_streams_loses_no_request_and_ap
             time.sleep(1.0)
             assert not any(f.done() for f in flying), "requests finished before the reload"
             launcher.send_signal(signal.SIGHUP)
-            served.wait_for_line("reload: refusing new requests", start, 30)
+            served.wait_for(RELOADING, reloads + 1, 30)
             time.sleep(0.5)
             with pytest.raises(InferenceServerException, match=RELOAD_REASON):
                 grpc_stream(url, inputs(text_input="x", max_tokens=2), timeout_s=30)
@@ -58,11 +59,10 @@ def test_a_reload_after_a_burst_with_twenty_open_streams_loses_no_request_and_ap
                 responses = request.result(timeout=300)
                 reason = responses[-1]["finish_reason"].reshape(-1)[0]
                 assert (reason, sum(r["output_ids"].size for r in responses)) == (b"length", MAX_TOKENS)
-        served.wait_for_line("ready again", start, 300)
-        assert not any("drain timed out" in line for line in served.lines_since(start)), \
-            "".join(served.log[-30:])
-        assert triton_pid(launcher.pid) != old_server
-        reply = http_generate(f"127.0.0.1:{ports.http}", {"text_input": PROMPTS[0], "max_tokens": 4})
+        served.wait_for("ready again", ready + 1, 300)
+        assert served.count("drain timed out") == timed_out, "".join(served.lines[-30:])
+        assert served.server_pid() != old_server
+        reply = http_generate(served.http_url, {"text_input": PROMPTS[0], "max_tokens": 4})
         assert len(reply["output_ids"]) == 4
         with pytest.raises(InferenceServerException, match="over the limit of 2"):  # the edit applied
             grpc_stream(url, inputs(text_input=PROMPTS[0], stream=True, max_tokens=4, num_return_sequences=3))

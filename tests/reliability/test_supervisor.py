@@ -11,56 +11,20 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from helpers.servers import render_lean_echo_repository
-from helpers.launcher import launch, triton_pid
-from tokenrouter.client import http_generate
+from helpers.supervised import Launcher
 from tokenrouter.launch.supervisor import BACKOFF_MAX_S, FREE_RESTARTS
-from tokenrouter.launch.processes import process_alive, stub_pids
+from tokenrouter.launch.processes import process_alive
 from tokenrouter.launch.shared_memory import shm_regions_of
 
 RESTARTS = FREE_RESTARTS + 1  # past the 5 after which the launcher used to exit ("giving up")
 RESTART_S = 120.0  # an echo server starts in seconds; a loaded 2-core machine takes longer
-PROMPT = "def greet(name):\n    return name\n"
 RESTARTING, READY_AGAIN, RELOADING = "restarting tritonserver", "ready again", "reload: refusing new requests"
-
-
-class Launcher:
-    """A running `tokenrouter serve` and every line it printed so far."""
-
-    def __init__(self, repository: Path) -> None:
-        self.repository = repository
-        self.process, ports = launch("--model-repository", str(repository))
-        self.http_url, self.grpc_url = f"127.0.0.1:{ports.http}", f"127.0.0.1:{ports.grpc}"
-        self.lines: list[str] = []  # kept read: a full pipe would block the launcher
-        threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True).start()
-
-    def count(self, text: str) -> int:
-        return sum(text in line for line in list(self.lines))
-
-    def server_pid(self) -> int:
-        """The tritonserver that runs now."""
-        return triton_pid(self.process.pid)
-
-    def stubs(self) -> dict[str, int]:
-        """model -> stub pid of the tritonserver that runs now."""
-        return stub_pids(self.server_pid())
-
-    def wait_for(self, text: str, times: int, timeout_s: float = RESTART_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.count(text) < times:
-            assert self.process.poll() is None, "the launcher exited:\n" + "".join(self.lines[-30:])
-            assert time.monotonic() < deadline, f"no {text!r} #{times}:\n" + "".join(self.lines[-30:])
-            time.sleep(0.1)
-
-    def serves(self) -> None:
-        reply = http_generate(self.http_url, {"text_input": PROMPT, "max_tokens": 4})
-        assert (len(reply["output_ids"]), reply["finish_reason"]) == (4, "length"), reply
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +44,13 @@ def test_an_operators_reload_is_one_drained_restart_and_the_new_stubs_are_watche
     restarts, reloads, ready = launcher.count(RESTARTING), launcher.count(RELOADING), launcher.count(READY_AGAIN)
     old = launcher.stubs()
     launcher.process.send_signal(signal.SIGHUP)
-    launcher.wait_for(READY_AGAIN, ready + 1)
+    launcher.wait_for(READY_AGAIN, ready + 1, RESTART_S)
     new = launcher.stubs()
     assert sorted(new) == sorted(old) and not set(new.values()) & set(old.values())
     assert (launcher.count(RELOADING), launcher.count(RESTARTING)) == (reloads + 1, restarts)  # not a fault
     launcher.serves()
     os.kill(new["echo"], signal.SIGKILL)  # the supervisor watches the new stubs: a death is a fault
-    launcher.wait_for(READY_AGAIN, ready + 2)
+    launcher.wait_for(READY_AGAIN, ready + 2, RESTART_S)
     assert launcher.count(RESTARTING) == restarts + 1
     launcher.serves()
 
@@ -98,7 +62,7 @@ def test_every_restart_watches_the_new_stubs_and_serves(launcher: Launcher) -> N
     for i in range(RESTARTS):
         before = launcher.stubs()
         os.kill(before[models[i % len(models)]], signal.SIGKILL)
-        launcher.wait_for(READY_AGAIN, ready + i + 1)  # a reload says "ready again" too
+        launcher.wait_for(READY_AGAIN, ready + i + 1, RESTART_S)  # a reload says "ready again" too
         after = launcher.stubs()
         assert sorted(after) == models and not set(after.values()) & set(before.values())
         launcher.serves()
@@ -118,7 +82,7 @@ def test_a_killed_tritonserver_leaves_no_shared_memory(launcher: Launcher) -> No
     regions = shm_regions_of([server, *launcher.stubs().values()])
     assert regions, "the server's stubs should have shared-memory regions"
     os.kill(server, signal.SIGKILL)
-    launcher.wait_for(READY_AGAIN, ready + 1)
+    launcher.wait_for(READY_AGAIN, ready + 1, RESTART_S)
     launcher.serves()
     assert not {region for region in regions if region.exists()}, "regions of the killed server left behind"
 
